@@ -1,0 +1,157 @@
+//! Argument validation (SPEC §5): plain Rust, no PostgreSQL needed.
+//!
+//! Each check returns the value the caller goes on with, or the exact error
+//! the SPEC asks for, naming the function and the lock.
+
+use crate::errors::{FlError, MAX_HOLDER_BYTES, MAX_NAME_BYTES};
+
+pub const USECS_PER_SEC: i64 = 1_000_000;
+const USECS_PER_DAY: i128 = 86_400 * USECS_PER_SEC as i128;
+/// PostgreSQL's own convention for intervals in absolute time: a month is 30 days.
+const DAYS_PER_MONTH: i128 = 30;
+
+/// The three fields of a PostgreSQL `interval`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IntervalValue {
+    pub months: i32,
+    pub days: i32,
+    pub micros: i64,
+}
+
+impl IntervalValue {
+    pub fn from_micros(micros: i64) -> Self {
+        IntervalValue { months: 0, days: 0, micros }
+    }
+
+    /// Length in microseconds, without overflow (a month is 30 days, a day 24 hours).
+    pub fn total_micros(&self) -> i128 {
+        self.months as i128 * DAYS_PER_MONTH * USECS_PER_DAY
+            + self.days as i128 * USECS_PER_DAY
+            + self.micros as i128
+    }
+}
+
+/// A lock name: non-empty, at most 512 bytes.
+pub fn check_name(function: &str, name: &str) -> Result<(), FlError> {
+    if name.is_empty() {
+        Err(FlError::empty_name(function))
+    } else if name.len() > MAX_NAME_BYTES {
+        Err(FlError::name_too_long(function, name))
+    } else {
+        Ok(())
+    }
+}
+
+/// A holder: NULL or at most 512 bytes.
+pub fn check_holder(function: &str, name: &str, holder: Option<&str>) -> Result<(), FlError> {
+    match holder {
+        Some(h) if h.len() > MAX_HOLDER_BYTES => {
+            Err(FlError::holder_too_long(function, name, h.len()))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// A ttl: positive and at most `max_seconds`. Returns it in microseconds.
+pub fn check_ttl(
+    function: &str,
+    name: &str,
+    ttl: IntervalValue,
+    shown: impl Fn() -> String,
+    max_seconds: i64,
+) -> Result<i64, FlError> {
+    let micros = ttl.total_micros();
+    if micros <= 0 {
+        Err(FlError::ttl_not_positive(function, name, &shown()))
+    } else if micros > max_seconds as i128 * USECS_PER_SEC as i128 {
+        Err(FlError::ttl_too_long(function, name, &shown(), max_seconds))
+    } else {
+        Ok(micros as i64)
+    }
+}
+
+/// A wait: zero or more. Returns it in microseconds, capped at i64::MAX
+/// (an interval that long is "forever" for every practical purpose).
+pub fn check_wait(function: &str, name: &str, wait: IntervalValue, shown: impl Fn() -> String) -> Result<i64, FlError> {
+    let micros = wait.total_micros();
+    if micros < 0 {
+        Err(FlError::wait_negative(function, name, &shown()))
+    } else {
+        Ok(micros.min(i64::MAX as i128) as i64)
+    }
+}
+
+/// A token: greater than zero.
+pub fn check_token(function: &str, name: &str, token: i64) -> Result<(), FlError> {
+    if token <= 0 {
+        Err(FlError::token_not_positive(function, name, token))
+    } else {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::errors::sqlstate::*;
+
+    const DAY: i64 = 86_400;
+
+    fn secs(s: i64) -> IntervalValue {
+        IntervalValue::from_micros(s * USECS_PER_SEC)
+    }
+
+    #[test]
+    fn names_must_be_non_empty_and_at_most_512_bytes() {
+        assert_eq!(check_name("f", "").unwrap_err().sqlstate, INVALID_PARAMETER_VALUE);
+        assert!(check_name("f", &"a".repeat(512)).is_ok());
+        assert_eq!(check_name("f", &"a".repeat(513)).unwrap_err().sqlstate, INVALID_PARAMETER_VALUE);
+        // bytes, not characters: 256 two-byte characters are 512 bytes
+        assert!(check_name("f", &"é".repeat(256)).is_ok());
+        assert!(check_name("f", &format!("{}a", "é".repeat(256))).is_err());
+    }
+
+    #[test]
+    fn ttl_must_be_positive_and_within_max_ttl() {
+        assert_eq!(check_ttl("f", "n", secs(0), || "0".to_string(), DAY).unwrap_err().sqlstate, INVALID_PARAMETER_VALUE);
+        assert_eq!(check_ttl("f", "n", secs(-1), || "-1".to_string(), DAY).unwrap_err().sqlstate, INVALID_PARAMETER_VALUE);
+        assert_eq!(check_ttl("f", "n", secs(30), || "30".to_string(), DAY), Ok(30 * USECS_PER_SEC));
+        assert_eq!(check_ttl("f", "n", secs(DAY), || "1 day".to_string(), DAY), Ok(DAY * USECS_PER_SEC));
+        assert!(check_ttl("f", "n", secs(DAY + 1), || "x".to_string(), DAY).is_err());
+        let one_microsecond = IntervalValue::from_micros(1);
+        assert_eq!(check_ttl("f", "n", one_microsecond, || "1us".to_string(), DAY), Ok(1));
+    }
+
+    #[test]
+    fn interval_fields_are_combined_without_overflow() {
+        let huge = IntervalValue { months: i32::MAX, days: i32::MAX, micros: i64::MAX };
+        assert!(huge.total_micros() > i64::MAX as i128);
+        assert!(check_ttl("f", "n", huge, || "huge".to_string(), i32::MAX as i64).is_err());
+        let negative_months = IntervalValue { months: -1, days: 31, micros: 0 };
+        assert_eq!(negative_months.total_micros(), USECS_PER_DAY);
+        assert_eq!(check_wait("f", "n", huge, || "huge".to_string()), Ok(i64::MAX));
+    }
+
+    #[test]
+    fn wait_may_be_zero_but_not_negative() {
+        assert_eq!(check_wait("f", "n", secs(0), || "0".to_string()), Ok(0));
+        assert_eq!(check_wait("f", "n", secs(-5), || "-5".to_string()).unwrap_err().sqlstate, INVALID_PARAMETER_VALUE);
+    }
+
+    #[test]
+    fn tokens_must_be_positive() {
+        assert!(check_token("f", "n", 1).is_ok());
+        assert!(check_token("f", "n", i64::MAX).is_ok());
+        for bad in [0, -1, i64::MIN] {
+            assert_eq!(check_token("f", "n", bad).unwrap_err().sqlstate, INVALID_PARAMETER_VALUE);
+        }
+    }
+
+    #[test]
+    fn holders_are_optional_and_bounded() {
+        assert!(check_holder("f", "n", None).is_ok());
+        assert!(check_holder("f", "n", Some("")).is_ok());
+        assert!(check_holder("f", "n", Some(&"h".repeat(512))).is_ok());
+        assert!(check_holder("f", "n", Some(&"h".repeat(513))).is_err());
+    }
+}

@@ -1,0 +1,238 @@
+//! `fenced_lock_guard()`: the trigger that makes the database reject writes
+//! from a holder that lost its lease (SPEC §4).
+//!
+//! ```sql
+//! CREATE TRIGGER inventory_fence
+//!   BEFORE INSERT OR UPDATE OR DELETE ON inventory
+//!   FOR EACH ROW EXECUTE FUNCTION fenced_lock_guard('inventory:{item_id}', 'fence_token');
+//! ```
+//!
+//! - INSERT: the row's token must be the live lease of the name resolved from
+//!   the new row.
+//! - UPDATE: the same for the new row, and the token may not be lower than
+//!   the one already stored. An UPDATE that moves the row to another lock
+//!   name also needs what a DELETE of the old row needs.
+//! - DELETE: this transaction must have called `fenced_lock_assert` for the
+//!   resolved name with a token that is still live.
+//!
+//! Misuse (wrong timing or level, bad arguments, missing or mistyped columns)
+//! is reported every time the trigger fires, the first time included.
+
+use crate::errors::FlError;
+use crate::fence;
+use crate::store::Store;
+use crate::template::Template;
+use pgrx::pg_sys;
+use pgrx::pg_sys::Datum;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::{CStr, CString};
+
+const DEFAULT_TOKEN_COLUMN: &str = "fence_token";
+
+thread_local! {
+    /// Parsed templates by trigger OID (with the text they were parsed from).
+    static TEMPLATES: RefCell<HashMap<pg_sys::Oid, (String, Template)>> = RefCell::new(HashMap::new());
+}
+
+/// The resolved shape of one trigger on one table.
+struct Guard {
+    table: String,
+    template_text: String,
+    template: Template,
+    /// attribute numbers of the template's columns
+    columns: HashMap<String, i32>,
+    token_column: String,
+    token_attnum: i32,
+}
+
+enum Op {
+    Insert,
+    Update,
+    Delete,
+}
+
+/// The trigger body.
+///
+/// # Safety
+/// `fcinfo` comes from PostgreSQL's trigger manager.
+pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
+    // SAFETY: PostgreSQL only calls a `RETURNS trigger` function with a
+    // TriggerData context (it refuses direct calls); we check the node tag.
+    unsafe {
+        let ctx = (*fcinfo).context;
+        if ctx.is_null() || (*ctx).type_ != pg_sys::NodeTag::T_TriggerData {
+            return Err(FlError::guard_not_before_row("?", "?"));
+        }
+        let td = ctx as *mut pg_sys::TriggerData;
+        let event = (*td).tg_event;
+        let rel = (*td).tg_relation;
+        let trigger = (*td).tg_trigger;
+        let table = name_data(&(*(*rel).rd_rel).relname);
+        let trigger_name = CStr::from_ptr((*trigger).tgname).to_string_lossy().into_owned();
+
+        let timing = event & pg_sys::TRIGGER_EVENT_TIMINGMASK;
+        let row_level = event & pg_sys::TRIGGER_EVENT_ROW != 0;
+        if timing != pg_sys::TRIGGER_EVENT_BEFORE || !row_level {
+            return Err(FlError::guard_not_before_row(&table, &trigger_name));
+        }
+        let op = match event & pg_sys::TRIGGER_EVENT_OPMASK {
+            pg_sys::TRIGGER_EVENT_INSERT => Op::Insert,
+            pg_sys::TRIGGER_EVENT_UPDATE => Op::Update,
+            pg_sys::TRIGGER_EVENT_DELETE => Op::Delete,
+            _ => return Err(FlError::guard_not_before_row(&table, &trigger_name)),
+        };
+
+        let args: Vec<String> = (0..(*trigger).tgnargs as usize)
+            .map(|i| CStr::from_ptr(*(*trigger).tgargs.add(i)).to_string_lossy().into_owned())
+            .collect();
+        let tupdesc = (*rel).rd_att;
+        let guard = resolve(&table, &trigger_name, (*trigger).tgoid, &args, tupdesc)?;
+
+        let store = Store::open()?;
+        match op {
+            Op::Insert => {
+                let row = (*td).tg_trigtuple;
+                let name = guard.lock_name(row, tupdesc)?;
+                let token = guard.token(row, tupdesc, &name)?;
+                fence::check(&store, &name, token)?;
+                Ok(Datum::from(row))
+            }
+            Op::Update => {
+                let old = (*td).tg_trigtuple;
+                let new = (*td).tg_newtuple;
+                let name = guard.lock_name(new, tupdesc)?;
+                let token = guard.token(new, tupdesc, &name)?;
+                let old_name = guard.lock_name(old, tupdesc)?;
+                if old_name != name {
+                    check_delete(&store, &old_name)?;
+                }
+                fence::check(&store, &name, token)?;
+                if let Some(stored) = guard.stored_token(old, tupdesc) {
+                    if token < stored {
+                        return Err(FlError::token_goes_backwards(&name, token, stored, Some(token)));
+                    }
+                }
+                Ok(Datum::from(new))
+            }
+            Op::Delete => {
+                let old = (*td).tg_trigtuple;
+                let name = guard.lock_name(old, tupdesc)?;
+                check_delete(&store, &name)?;
+                Ok(Datum::from(old))
+            }
+        }
+    }
+}
+
+/// A delete (or a move away) of a row under `name` needs a live asserted token.
+fn check_delete(store: &Store, name: &str) -> Result<(), FlError> {
+    match fence::asserted_token(name) {
+        Some(token) => fence::check(store, name, token),
+        None => Err(FlError::delete_without_assert(name)),
+    }
+}
+
+/// Parse the arguments and find the columns they name, or say what is wrong.
+unsafe fn resolve(
+    table: &str,
+    trigger: &str,
+    tgoid: pg_sys::Oid,
+    args: &[String],
+    tupdesc: pg_sys::TupleDesc,
+) -> Result<Guard, FlError> {
+    if args.is_empty() || args.len() > 2 {
+        return Err(FlError::guard_bad_arguments(table, trigger, args.len()));
+    }
+    let template_text = args[0].clone();
+    let template = TEMPLATES.with(|cache| {
+        if let Some((text, t)) = cache.borrow().get(&tgoid) {
+            if *text == template_text {
+                return Ok(t.clone());
+            }
+        }
+        let t = Template::parse(&template_text)
+            .map_err(|problem| FlError::guard_bad_template(table, trigger, &problem))?;
+        cache.borrow_mut().insert(tgoid, (template_text.clone(), t.clone()));
+        Ok(t)
+    })?;
+
+    let mut columns = HashMap::new();
+    for c in template.columns() {
+        // SAFETY: valid tuple descriptor of the trigger's relation.
+        let attnum = unsafe { attnum(tupdesc, c) }
+            .ok_or_else(|| FlError::guard_missing_column(table, trigger, c, "template"))?;
+        columns.insert(c.to_string(), attnum);
+    }
+    let token_column = args.get(1).cloned().unwrap_or_else(|| DEFAULT_TOKEN_COLUMN.to_string());
+    // SAFETY: as above.
+    let token_attnum = unsafe { attnum(tupdesc, &token_column) }
+        .ok_or_else(|| FlError::guard_missing_column(table, trigger, &token_column, "token"))?;
+    // SAFETY: token_attnum is a valid user attribute of tupdesc.
+    let typ = unsafe { pg_sys::SPI_gettypeid(tupdesc, token_attnum) };
+    if typ != pg_sys::INT8OID {
+        // SAFETY: format_type_be returns a palloc'd C string.
+        let found = unsafe { CStr::from_ptr(pg_sys::format_type_be(typ)).to_string_lossy().into_owned() };
+        return Err(FlError::guard_token_not_bigint(table, trigger, &token_column, &found));
+    }
+    Ok(Guard {
+        table: table.to_string(),
+        template_text,
+        template,
+        columns,
+        token_column,
+        token_attnum,
+    })
+}
+
+/// The attribute number of user column `name`, if it exists (not dropped,
+/// not a system column).
+unsafe fn attnum(tupdesc: pg_sys::TupleDesc, name: &str) -> Option<i32> {
+    let c = CString::new(name).ok()?;
+    // SAFETY: valid tuple descriptor; SPI_fnumber does not need a connection.
+    let n = unsafe { pg_sys::SPI_fnumber(tupdesc, c.as_ptr()) };
+    (n > 0).then_some(n)
+}
+
+impl Guard {
+    /// The lock name of `row`: the template with column text substituted.
+    unsafe fn lock_name(&self, row: pg_sys::HeapTuple, tupdesc: pg_sys::TupleDesc) -> Result<String, FlError> {
+        let name = self.template.render(
+            |column| {
+                let attnum = self.columns[column];
+                // SAFETY: attnum is a user column of tupdesc; SPI_getvalue
+                // returns NULL for SQL NULL, else a palloc'd C string made by
+                // the column type's output function.
+                let v = unsafe { pg_sys::SPI_getvalue(row, tupdesc, attnum) };
+                if v.is_null() {
+                    Ok(None)
+                } else {
+                    // SAFETY: non-null C string.
+                    Ok(Some(unsafe { CStr::from_ptr(v) }.to_string_lossy().into_owned()))
+                }
+            },
+            |column| FlError::guard_null_template_value(&self.table, column, &self.template_text),
+        )?;
+        crate::args::check_name("fenced_lock_guard", &name)
+            .map_err(|_| FlError::guard_bad_resolved_name(&self.table, &name))?;
+        Ok(name)
+    }
+
+    /// The token column of `row`, or FL002 when it is NULL.
+    unsafe fn token(&self, row: pg_sys::HeapTuple, tupdesc: pg_sys::TupleDesc, name: &str) -> Result<i64, FlError> {
+        // SAFETY: as in stored_token.
+        unsafe { self.stored_token(row, tupdesc) }.ok_or_else(|| FlError::missing_token(name, &self.token_column))
+    }
+
+    unsafe fn stored_token(&self, row: pg_sys::HeapTuple, tupdesc: pg_sys::TupleDesc) -> Option<i64> {
+        let mut isnull = false;
+        // SAFETY: token_attnum is a bigint column of tupdesc.
+        let d = unsafe { pg_sys::SPI_getbinval(row, tupdesc, self.token_attnum, &mut isnull) };
+        (!isnull).then(|| d.value() as i64)
+    }
+}
+
+fn name_data(n: &pg_sys::NameData) -> String {
+    // SAFETY: NameData is a NUL-terminated fixed-size C string.
+    unsafe { CStr::from_ptr(n.data.as_ptr()) }.to_string_lossy().into_owned()
+}

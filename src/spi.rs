@@ -1,0 +1,162 @@
+//! A thin layer over PostgreSQL's SPI for the few fixed statements on the lease
+//! table: plans prepared once per backend, always run against the *latest*
+//! committed state.
+//!
+//! Why the latest snapshot: lease transitions of a name are serialized by an
+//! advisory lock (see `keys.rs`), not by MVCC. Once that lock is held, the
+//! latest snapshot shows every earlier transition of the name, whatever the
+//! caller's isolation level; a REPEATABLE READ snapshot would show a lease that
+//! has since been released as live. RI triggers read the same way.
+
+use pgrx::pg_sys;
+use pgrx::pg_sys::Datum;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::CString;
+
+/// One fixed statement: its text and the types of its parameters.
+pub struct Statement {
+    pub sql: &'static str,
+    pub args: &'static [pg_sys::Oid],
+    pub read_only: bool,
+}
+
+thread_local! {
+    static PLANS: RefCell<HashMap<usize, pg_sys::SPIPlanPtr>> = RefCell::new(HashMap::new());
+}
+
+/// An open SPI connection; closed when dropped (unless an error is unwinding,
+/// in which case PostgreSQL's abort processing closes it).
+pub struct Connection {
+    _private: (),
+}
+
+/// The row set of the last statement, valid until the next statement.
+pub struct Rows {
+    count: usize,
+}
+
+impl Connection {
+    pub fn open() -> Connection {
+        // SAFETY: SPI_connect only fails when called outside a transaction,
+        // which SQL-callable functions never are.
+        let rc = unsafe { pg_sys::SPI_connect() };
+        assert_eq!(rc, pg_sys::SPI_OK_CONNECT as i32, "SPI_connect failed");
+        Connection { _private: () }
+    }
+
+    fn plan(&self, stmt: &'static Statement) -> pg_sys::SPIPlanPtr {
+        let key = stmt as *const Statement as usize;
+        if let Some(p) = PLANS.with(|p| p.borrow().get(&key).copied()) {
+            return p;
+        }
+        let sql = CString::new(stmt.sql).expect("statement text has no NUL");
+        // SAFETY: we are connected; argtypes points at `args.len()` Oids that
+        // SPI_prepare copies. SPI_keepplan moves the plan out of the SPI
+        // procedure context so it outlives this connection; the plan cache
+        // revalidates it after DDL on the objects it uses.
+        let plan = unsafe {
+            let p = pg_sys::SPI_prepare(
+                sql.as_ptr(),
+                stmt.args.len() as i32,
+                stmt.args.as_ptr() as *mut pg_sys::Oid,
+            );
+            if p.is_null() {
+                panic!("fenced_lock: could not prepare statement: {}", stmt.sql);
+            }
+            pg_sys::SPI_keepplan(p);
+            p
+        };
+        PLANS.with(|p| p.borrow_mut().insert(key, plan));
+        plan
+    }
+
+    /// Run `stmt` with `args` (`None` is SQL NULL) against the latest snapshot.
+    pub fn run(&self, stmt: &'static Statement, args: &[Option<Datum>]) -> Rows {
+        assert_eq!(args.len(), stmt.args.len(), "wrong argument count for {}", stmt.sql);
+        let plan = self.plan(stmt);
+        let mut values: Vec<Datum> = args.iter().map(|a| a.unwrap_or(Datum::from(0))).collect();
+        let nulls: Vec<std::ffi::c_char> =
+            args.iter().map(|a| if a.is_some() { b' ' } else { b'n' } as std::ffi::c_char).collect();
+        // SAFETY: values/nulls have one entry per plan parameter. The latest
+        // snapshot is copied by SPI when it pushes it as the active snapshot.
+        let rc = unsafe {
+            pg_sys::SPI_execute_snapshot(
+                plan,
+                values.as_mut_ptr(),
+                nulls.as_ptr(),
+                pg_sys::GetLatestSnapshot(),
+                std::ptr::null_mut(),
+                stmt.read_only,
+                true,
+                0,
+            )
+        };
+        if rc < 0 {
+            panic!("fenced_lock: statement failed ({rc}): {}", stmt.sql);
+        }
+        if !stmt.read_only {
+            // Make this write visible to the next statement's latest snapshot.
+            // SAFETY: we are inside a transaction.
+            unsafe { pg_sys::CommandCounterIncrement() };
+        }
+        // SAFETY: SPI_processed is set by the call above.
+        Rows { count: unsafe { pg_sys::SPI_processed } as usize }
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            // SAFETY: we connected in `open`.
+            unsafe { pg_sys::SPI_finish() };
+        }
+    }
+}
+
+impl Rows {
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Column `col` (1-based) of row `row` as a raw datum, `None` for NULL.
+    /// Pass-by-reference datums live until the connection closes: copy them out.
+    pub fn datum(&self, row: usize, col: i32) -> Option<Datum> {
+        assert!(row < self.count);
+        // SAFETY: SPI_tuptable holds `count` rows of the last statement.
+        unsafe {
+            let table = pg_sys::SPI_tuptable;
+            let tuple = *(*table).vals.add(row);
+            let mut isnull = false;
+            let d = pg_sys::SPI_getbinval(tuple, (*table).tupdesc, col, &mut isnull);
+            if isnull {
+                None
+            } else {
+                Some(d)
+            }
+        }
+    }
+
+    pub fn i64(&self, row: usize, col: i32) -> Option<i64> {
+        self.datum(row, col).map(|d| d.value() as i64)
+    }
+
+    pub fn oid(&self, row: usize, col: i32) -> Option<pg_sys::Oid> {
+        self.datum(row, col).map(|d| pg_sys::Oid::from(d.value() as u32))
+    }
+
+    pub fn text(&self, row: usize, col: i32) -> Option<String> {
+        // SAFETY: the column is of type text; the datum is valid until SPI_finish.
+        self.datum(row, col)
+            .map(|d| unsafe { <String as pgrx::FromDatum>::from_datum(d, false).unwrap() })
+    }
+
+    pub fn interval(&self, row: usize, col: i32) -> Option<crate::args::IntervalValue> {
+        // SAFETY: the column is of type interval, a pointer to an Interval struct.
+        self.datum(row, col).map(|d| unsafe { crate::sqlfn::interval_value(d) })
+    }
+}

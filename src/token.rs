@@ -1,0 +1,97 @@
+//! Fencing tokens: one sequence, with the timeline as an epoch in the high bits.
+//!
+//! Format: `token = epoch << 47 | counter`, where `epoch` is at least the
+//! server's current timeline ID minus one. On timeline 1 (a server that was
+//! never promoted) tokens are plain sequence values 1, 2, 3, ...
+//!
+//! Why: after an asynchronous failover the promoted standby's sequence may be
+//! behind what the old primary handed out. A promotion always moves to a higher
+//! timeline, so the first grant after it jumps the sequence to the new epoch,
+//! past every token the old primary could have issued on its timeline (fewer
+//! than 2^47 per timeline). The sequence itself is WAL-logged and dumped, so
+//! tokens also keep growing across crashes, `pg_dump`/restore and `pg_upgrade`
+//! (which keep the sequence even where they reset the timeline).
+
+use crate::spi::Statement;
+use pgrx::pg_sys;
+use pgrx::pg_sys::Datum;
+
+pub const EPOCH_SHIFT: u32 = 47;
+
+/// The epoch a token belongs to.
+pub fn epoch_of(token: i64) -> i64 {
+    token >> EPOCH_SHIFT
+}
+
+/// The lowest token of an epoch's range, minus one (the value to `setval` to).
+pub fn epoch_floor(epoch: i64) -> i64 {
+    epoch << EPOCH_SHIFT
+}
+
+/// The epoch tokens must be in on `timeline`.
+pub fn epoch_for_timeline(timeline: u32) -> i64 {
+    (timeline as i64 - 1).max(0)
+}
+
+static SETVAL: Statement = Statement {
+    sql: "SELECT pg_catalog.setval($1, $2, true)",
+    args: &[pg_sys::REGCLASSOID, pg_sys::INT8OID],
+    read_only: false,
+};
+
+fn nextval(seq: pg_sys::Oid) -> i64 {
+    // SAFETY: nextval_oid takes a regclass datum; the sequence exists (looked
+    // up by the caller) and its owner runs this call.
+    let d = unsafe { pg_sys::DirectFunctionCall1Coll(Some(crate::sqlfn::nextval_oid), pg_sys::InvalidOid, Datum::from(seq)) };
+    d.value() as i64
+}
+
+/// A new token, greater than every token handed out before (SPEC §2, §7).
+pub fn next_token(spi: &crate::spi::Connection, seq: pg_sys::Oid) -> i64 {
+    // SAFETY: GetWALInsertionTimeLine is valid on a primary, which is the only
+    // place a grant can run (nextval fails on a standby).
+    let timeline = unsafe { pg_sys::GetWALInsertionTimeLine() };
+    let epoch = epoch_for_timeline(timeline);
+    let token = nextval(seq);
+    if epoch_of(token) >= epoch {
+        return token;
+    }
+    // First grant on a new timeline: jump the sequence once, under a lock so
+    // that two backends cannot both set it (the second would move it back).
+    crate::keys::Key::epoch().lock(crate::keys::Mode::Exclusive);
+    let token = nextval(seq);
+    if epoch_of(token) >= epoch {
+        return token;
+    }
+    spi.run(&SETVAL, &[Some(Datum::from(seq)), Some(Datum::from(epoch_floor(epoch)))]);
+    nextval(seq)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeline_one_tokens_are_plain_counters() {
+        assert_eq!(epoch_for_timeline(1), 0);
+        assert_eq!(epoch_of(1), 0);
+        assert_eq!(epoch_of((1 << 47) - 1), 0);
+    }
+
+    #[test]
+    fn every_token_of_a_later_epoch_exceeds_every_token_of_an_earlier_one() {
+        for tl in 1..100u32 {
+            let e = epoch_for_timeline(tl);
+            let last_of_this = epoch_floor(e + 1) - 1;
+            let first_of_next = epoch_floor(epoch_for_timeline(tl + 1)) + 1;
+            assert!(first_of_next > last_of_this);
+            assert_eq!(epoch_of(first_of_next), e + 1);
+        }
+    }
+
+    #[test]
+    fn the_largest_timeline_still_fits_in_a_positive_bigint() {
+        let e = epoch_for_timeline(65_536);
+        assert!(epoch_floor(e) + (1 << 47) - 1 > 0);
+    }
+}
