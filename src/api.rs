@@ -6,7 +6,8 @@ use crate::errors::FlError;
 use crate::lease::{self, AcquireRequest};
 use crate::settings::{is_operator, max_ttl_seconds};
 use crate::sqlfn::{
-    arg_datum, arg_i64, arg_interval, arg_text, interval_text, required, return_bool, return_i64, return_null, sql_function,
+    arg_datum, arg_i64, arg_interval, arg_text, interval_text, required, return_bool, return_i64,
+    return_null, sql_function,
 };
 use crate::store::current_role;
 use pgrx::pg_sys;
@@ -21,7 +22,12 @@ unsafe fn name_arg(fcinfo: pg_sys::FunctionCallInfo, function: &str) -> Result<S
 }
 
 /// Read and check a `token` argument.
-unsafe fn token_arg(fcinfo: pg_sys::FunctionCallInfo, n: usize, function: &str, name: &str) -> Result<i64, FlError> {
+unsafe fn token_arg(
+    fcinfo: pg_sys::FunctionCallInfo,
+    n: usize,
+    function: &str,
+    name: &str,
+) -> Result<i64, FlError> {
     // SAFETY: argument n is `token bigint`.
     let token = required(unsafe { arg_i64(fcinfo, n) }, function, "token", Some(name))?;
     check_token(function, name, token)?;
@@ -56,7 +62,12 @@ unsafe fn acquire_args(
     // SAFETY: the acquires are (name text, ttl interval, ..., holder text).
     unsafe {
         let name = name_arg(fcinfo, function)?;
-        let ttl = required(ttl_arg(fcinfo, 1, function, &name)?, function, "ttl", Some(&name))?;
+        let ttl = required(
+            ttl_arg(fcinfo, 1, function, &name)?,
+            function,
+            "ttl",
+            Some(&name),
+        )?;
         let holder = arg_text(fcinfo, holder_arg);
         check_holder(function, &name, holder.as_deref())?;
         Ok((name, ttl, holder))
@@ -67,7 +78,13 @@ unsafe fn try_acquire(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError
     const F: &str = "fenced_lock_try_acquire";
     // SAFETY: (name text, ttl interval, holder text)
     let (name, (ttl, ttl_micros), holder) = unsafe { acquire_args(fcinfo, F, 2)? };
-    let req = AcquireRequest { name: &name, ttl, ttl_micros, holder: holder.as_deref(), caller: current_role() };
+    let req = AcquireRequest {
+        name: &name,
+        ttl,
+        ttl_micros,
+        holder: holder.as_deref(),
+        caller: current_role(),
+    };
     match lease::try_acquire(&req)? {
         Some(token) => Ok(return_i64(token)),
         // SAFETY: valid fcinfo.
@@ -85,7 +102,13 @@ unsafe fn acquire(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
             None => None,
             Some((value, datum)) => Some(check_wait(F, &name, value, || interval_text(datum))?),
         };
-        let req = AcquireRequest { name: &name, ttl, ttl_micros, holder: holder.as_deref(), caller: current_role() };
+        let req = AcquireRequest {
+            name: &name,
+            ttl,
+            ttl_micros,
+            holder: holder.as_deref(),
+            caller: current_role(),
+        };
         crate::waiting::acquire(&req, wait).map(return_i64)
     }
 }
@@ -161,7 +184,9 @@ unsafe fn may_see(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
     let owner = unsafe { arg_datum(fcinfo, 0) };
     let me = current_role();
     let visible = match owner {
-        Some(o) => crate::store::acts_for(me, pg_sys::Oid::from(o.value() as u32)) || is_operator(me),
+        Some(o) => {
+            crate::store::acts_for(me, pg_sys::Oid::from(o.value() as u32)) || is_operator(me)
+        }
         None => is_operator(me),
     };
     Ok(return_bool(visible))

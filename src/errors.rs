@@ -81,7 +81,12 @@ fn token_text(token: Option<i64>) -> String {
 
 impl FlError {
     fn new(sqlstate: &'static str, message: String) -> Self {
-        FlError { sqlstate, message, detail: None, hint: None }
+        FlError {
+            sqlstate,
+            message,
+            detail: None,
+            hint: None,
+        }
     }
 
     fn detail(mut self, detail: impl Into<String>) -> Self {
@@ -143,7 +148,10 @@ impl FlError {
     pub fn ttl_not_positive(function: &str, name: &str, ttl: &str) -> Self {
         Self::new(
             sqlstate::INVALID_PARAMETER_VALUE,
-            format!("{function}: ttl {ttl} for lock {} is not positive", quote_name(name)),
+            format!(
+                "{function}: ttl {ttl} for lock {} is not positive",
+                quote_name(name)
+            ),
         )
         .hint("Pass a ttl greater than zero, such as '30 seconds'.")
     }
@@ -162,7 +170,10 @@ impl FlError {
     pub fn wait_negative(function: &str, name: &str, wait: &str) -> Self {
         Self::new(
             sqlstate::INVALID_PARAMETER_VALUE,
-            format!("{function}: wait {wait} for lock {} is negative", quote_name(name)),
+            format!(
+                "{function}: wait {wait} for lock {} is negative",
+                quote_name(name)
+            ),
         )
         .hint("Pass a wait of zero or more, or NULL to wait until granted.")
     }
@@ -170,7 +181,10 @@ impl FlError {
     pub fn token_not_positive(function: &str, name: &str, token: i64) -> Self {
         Self::new(
             sqlstate::INVALID_PARAMETER_VALUE,
-            format!("{function}: token {token} for lock {} is not positive", quote_name(name)),
+            format!(
+                "{function}: token {token} for lock {} is not positive",
+                quote_name(name)
+            ),
         )
         .hint("Fencing tokens are greater than zero; pass the token your acquire returned.")
     }
@@ -391,10 +405,13 @@ mod tests {
         // ERRCODE_INVALID_PARAMETER_VALUE in PostgreSQL's errcodes.h
         assert_eq!(encode_sqlstate("22023"), 50856066);
         // round trip: decode what we encoded
-        for code in ["FL001", "FL002", "55P03", "22004", "22023", "42501", "39P01", "42703", "42804"] {
+        for code in [
+            "FL001", "FL002", "55P03", "22004", "22023", "42501", "39P01", "42703", "42804",
+        ] {
             let v = encode_sqlstate(code);
-            let decoded: String =
-                (0..5).map(|i| (((v >> (6 * i)) & 0x3F) as u8 + b'0') as char).collect();
+            let decoded: String = (0..5)
+                .map(|i| (((v >> (6 * i)) & 0x3F) as u8 + b'0') as char)
+                .collect();
             assert_eq!(decoded, code);
         }
     }

@@ -40,7 +40,9 @@ pub fn decide_acquire(
         Some(l) if holder.is_some() && l.holder.as_deref() == holder && acts_for_owner(l.owner) => {
             AcquireDecision::Extend { token: l.token }
         }
-        Some(l) => AcquireDecision::Busy { expires_at: l.expires_at },
+        Some(l) => AcquireDecision::Busy {
+            expires_at: l.expires_at,
+        },
     }
 }
 
@@ -51,7 +53,9 @@ pub enum OwnerDecision {
     /// `token` is not the live lease (expired, released, superseded, unknown).
     NotLive,
     /// It is, but the caller does not act for its owner.
-    NotOwner { owner: pg_sys::Oid },
+    NotOwner {
+        owner: pg_sys::Oid,
+    },
 }
 
 pub fn decide_owner_change(
@@ -119,7 +123,9 @@ pub fn attempt_acquire(
     fence_locked(&fence)?;
     let now = now();
     let current = store.read(req.name);
-    match decide_acquire(current.as_ref(), now, req.holder, |owner| acts_for(req.caller, owner)) {
+    match decide_acquire(current.as_ref(), now, req.holder, |owner| {
+        acts_for(req.caller, owner)
+    }) {
         AcquireDecision::Extend { token } => {
             store.extend(req.name, token, now, Some(req.ttl), req.ttl_micros)?;
             require_durable_commit();
@@ -131,14 +137,25 @@ pub fn attempt_acquire(
                 return Ok(Attempt::Busy { expires_at: None });
             }
             let token = store.next_token();
-            store.grant(req.name, replaces, token, req.holder, req.caller, now, req.ttl, req.ttl_micros)?;
+            store.grant(
+                req.name,
+                replaces,
+                token,
+                req.holder,
+                req.caller,
+                now,
+                req.ttl,
+                req.ttl_micros,
+            )?;
             require_durable_commit();
             reap_now_and_then(store, now);
             Ok(Attempt::Granted(token))
         }
         AcquireDecision::Busy { expires_at } => {
             fence.unlock(Mode::Exclusive);
-            Ok(Attempt::Busy { expires_at: Some(expires_at) })
+            Ok(Attempt::Busy {
+                expires_at: Some(expires_at),
+            })
         }
     }
 }
@@ -190,7 +207,9 @@ pub fn renew(
     fence.lock(Mode::Exclusive);
     let now = now();
     let current = store.read(name);
-    match decide_owner_change(current.as_ref(), now, token, |owner| acts_for(caller, owner)) {
+    match decide_owner_change(current.as_ref(), now, token, |owner| {
+        acts_for(caller, owner)
+    }) {
         OwnerDecision::Apply => {
             let lease = current.expect("Apply implies a record");
             let (ttl_datum, ttl_micros) = match ttl {
@@ -213,13 +232,20 @@ pub fn renew(
 }
 
 /// `fenced_lock_release`.
-pub fn release(function: &str, name: &str, token: i64, caller: pg_sys::Oid) -> Result<bool, FlError> {
+pub fn release(
+    function: &str,
+    name: &str,
+    token: i64,
+    caller: pg_sys::Oid,
+) -> Result<bool, FlError> {
     let store = Store::open()?;
     let fence = Key::fence(name);
     fence.lock(Mode::Exclusive);
     let now = now();
     let current = store.read(name);
-    match decide_owner_change(current.as_ref(), now, token, |owner| acts_for(caller, owner)) {
+    match decide_owner_change(current.as_ref(), now, token, |owner| {
+        acts_for(caller, owner)
+    }) {
         OwnerDecision::Apply => {
             store.delete(name, token)?;
             require_durable_commit();
@@ -286,48 +312,81 @@ mod tests {
 
     #[test]
     fn free_name_is_granted() {
-        assert_eq!(decide_acquire(None, 10, None, same(ALICE)), AcquireDecision::Grant { replaces: false });
+        assert_eq!(
+            decide_acquire(None, 10, None, same(ALICE)),
+            AcquireDecision::Grant { replaces: false }
+        );
     }
 
     #[test]
     fn expired_lease_is_replaced_at_its_expiry_instant() {
         let l = lease(5, Some("w1"), BOB, 100);
-        assert_eq!(decide_acquire(Some(&l), 99, None, same(ALICE)), AcquireDecision::Busy { expires_at: 100 });
-        assert_eq!(decide_acquire(Some(&l), 100, None, same(ALICE)), AcquireDecision::Grant { replaces: true });
+        assert_eq!(
+            decide_acquire(Some(&l), 99, None, same(ALICE)),
+            AcquireDecision::Busy { expires_at: 100 }
+        );
+        assert_eq!(
+            decide_acquire(Some(&l), 100, None, same(ALICE)),
+            AcquireDecision::Grant { replaces: true }
+        );
     }
 
     #[test]
     fn same_holder_and_owner_reacquire_keeps_the_token() {
         let l = lease(5, Some("w1"), ALICE, 100);
-        assert_eq!(decide_acquire(Some(&l), 50, Some("w1"), same(ALICE)), AcquireDecision::Extend { token: 5 });
+        assert_eq!(
+            decide_acquire(Some(&l), 50, Some("w1"), same(ALICE)),
+            AcquireDecision::Extend { token: 5 }
+        );
     }
 
     #[test]
     fn same_holder_text_from_another_role_is_refused() {
         let l = lease(5, Some("w1"), ALICE, 100);
-        assert_eq!(decide_acquire(Some(&l), 50, Some("w1"), same(BOB)), AcquireDecision::Busy { expires_at: 100 });
+        assert_eq!(
+            decide_acquire(Some(&l), 50, Some("w1"), same(BOB)),
+            AcquireDecision::Busy { expires_at: 100 }
+        );
     }
 
     #[test]
     fn null_holder_never_matches() {
         let l = lease(5, None, ALICE, 100);
-        assert_eq!(decide_acquire(Some(&l), 50, None, same(ALICE)), AcquireDecision::Busy { expires_at: 100 });
+        assert_eq!(
+            decide_acquire(Some(&l), 50, None, same(ALICE)),
+            AcquireDecision::Busy { expires_at: 100 }
+        );
         let l = lease(5, Some("w1"), ALICE, 100);
-        assert_eq!(decide_acquire(Some(&l), 50, Some("w2"), same(ALICE)), AcquireDecision::Busy { expires_at: 100 });
+        assert_eq!(
+            decide_acquire(Some(&l), 50, Some("w2"), same(ALICE)),
+            AcquireDecision::Busy { expires_at: 100 }
+        );
     }
 
     #[test]
     fn expired_lease_is_never_revived_by_renew_or_release() {
         let l = lease(5, None, ALICE, 100);
-        assert_eq!(decide_owner_change(Some(&l), 100, 5, same(ALICE)), OwnerDecision::NotLive);
-        assert_eq!(decide_owner_change(Some(&l), 99, 5, same(ALICE)), OwnerDecision::Apply);
+        assert_eq!(
+            decide_owner_change(Some(&l), 100, 5, same(ALICE)),
+            OwnerDecision::NotLive
+        );
+        assert_eq!(
+            decide_owner_change(Some(&l), 99, 5, same(ALICE)),
+            OwnerDecision::Apply
+        );
     }
 
     #[test]
     fn renew_of_a_superseded_token_is_not_live() {
         let l = lease(6, None, ALICE, 100);
-        assert_eq!(decide_owner_change(Some(&l), 50, 5, same(ALICE)), OwnerDecision::NotLive);
-        assert_eq!(decide_owner_change(None, 50, 5, same(ALICE)), OwnerDecision::NotLive);
+        assert_eq!(
+            decide_owner_change(Some(&l), 50, 5, same(ALICE)),
+            OwnerDecision::NotLive
+        );
+        assert_eq!(
+            decide_owner_change(None, 50, 5, same(ALICE)),
+            OwnerDecision::NotLive
+        );
     }
 
     #[test]
@@ -335,7 +394,9 @@ mod tests {
         let l = lease(6, None, ALICE, 100);
         assert_eq!(
             decide_owner_change(Some(&l), 50, 6, same(BOB)),
-            OwnerDecision::NotOwner { owner: pg_sys::Oid::from(ALICE) }
+            OwnerDecision::NotOwner {
+                owner: pg_sys::Oid::from(ALICE)
+            }
         );
     }
 

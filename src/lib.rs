@@ -39,7 +39,11 @@ pub mod template;
 pub mod token;
 pub mod waiting;
 
-extension_sql_file!("../sql/fenced_lock.sql", name = "fenced_lock_objects", bootstrap);
+extension_sql_file!(
+    "../sql/fenced_lock.sql",
+    name = "fenced_lock_objects",
+    bootstrap
+);
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
@@ -49,7 +53,9 @@ pub extern "C-unwind" fn _PG_init() {
 
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
-mod tests;
+mod tests {
+    include!("pg_tests.rs");
+}
 
 /// Required by `cargo pgrx test`.
 #[cfg(test)]

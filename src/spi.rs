@@ -73,11 +73,18 @@ impl Connection {
 
     /// Run `stmt` with `args` (`None` is SQL NULL) against the latest snapshot.
     pub fn run(&self, stmt: &'static Statement, args: &[Option<Datum>]) -> Rows {
-        assert_eq!(args.len(), stmt.args.len(), "wrong argument count for {}", stmt.sql);
+        assert_eq!(
+            args.len(),
+            stmt.args.len(),
+            "wrong argument count for {}",
+            stmt.sql
+        );
         let plan = self.plan(stmt);
         let mut values: Vec<Datum> = args.iter().map(|a| a.unwrap_or(Datum::from(0))).collect();
-        let nulls: Vec<std::ffi::c_char> =
-            args.iter().map(|a| if a.is_some() { b' ' } else { b'n' } as std::ffi::c_char).collect();
+        let nulls: Vec<std::ffi::c_char> = args
+            .iter()
+            .map(|a| if a.is_some() { b' ' } else { b'n' } as std::ffi::c_char)
+            .collect();
         // SAFETY: values/nulls have one entry per plan parameter. The latest
         // snapshot is copied by SPI when it pushes it as the active snapshot.
         let rc = unsafe {
@@ -101,7 +108,9 @@ impl Connection {
             unsafe { pg_sys::CommandCounterIncrement() };
         }
         // SAFETY: SPI_processed is set by the call above.
-        Rows { count: unsafe { pg_sys::SPI_processed } as usize }
+        Rows {
+            count: unsafe { pg_sys::SPI_processed } as usize,
+        }
     }
 }
 
@@ -146,7 +155,8 @@ impl Rows {
     }
 
     pub fn oid(&self, row: usize, col: i32) -> Option<pg_sys::Oid> {
-        self.datum(row, col).map(|d| pg_sys::Oid::from(d.value() as u32))
+        self.datum(row, col)
+            .map(|d| pg_sys::Oid::from(d.value() as u32))
     }
 
     pub fn text(&self, row: usize, col: i32) -> Option<String> {
@@ -157,6 +167,7 @@ impl Rows {
 
     pub fn interval(&self, row: usize, col: i32) -> Option<crate::args::IntervalValue> {
         // SAFETY: the column is of type interval, a pointer to an Interval struct.
-        self.datum(row, col).map(|d| unsafe { crate::sqlfn::interval_value(d) })
+        self.datum(row, col)
+            .map(|d| unsafe { crate::sqlfn::interval_value(d) })
     }
 }

@@ -19,13 +19,16 @@ macro_rules! sql_function {
         #[no_mangle]
         #[doc(hidden)]
         pub extern "C" fn $finfo() -> &'static ::pgrx::pg_sys::Pg_finfo_record {
-            const V1: ::pgrx::pg_sys::Pg_finfo_record = ::pgrx::pg_sys::Pg_finfo_record { api_version: 1 };
+            const V1: ::pgrx::pg_sys::Pg_finfo_record =
+                ::pgrx::pg_sys::Pg_finfo_record { api_version: 1 };
             &V1
         }
 
         #[no_mangle]
         #[doc(hidden)]
-        pub unsafe extern "C-unwind" fn $name(fcinfo: ::pgrx::pg_sys::FunctionCallInfo) -> ::pgrx::pg_sys::Datum {
+        pub unsafe extern "C-unwind" fn $name(
+            fcinfo: ::pgrx::pg_sys::FunctionCallInfo,
+        ) -> ::pgrx::pg_sys::Datum {
             // SAFETY: PostgreSQL calls us with a valid fcinfo on its main thread.
             let outcome: Result<::pgrx::pg_sys::Datum, $crate::errors::FlError> =
                 unsafe { ::pgrx::pg_sys::panic::pgrx_extern_c_guard(|| $body(fcinfo)) };
@@ -73,7 +76,11 @@ pub unsafe fn raise(error: FlError) -> ! {
             pg_sys::pstrdup(c.as_ptr())
         };
         let m = to_pg(&error.message);
-        let d = error.detail.as_deref().map(to_pg).unwrap_or(std::ptr::null());
+        let d = error
+            .detail
+            .as_deref()
+            .map(to_pg)
+            .unwrap_or(std::ptr::null());
         let h = error.hint.as_deref().map(to_pg).unwrap_or(std::ptr::null());
         pg_sys::MemoryContextSwitchTo(old);
         (m, d, h)
@@ -116,7 +123,10 @@ pub unsafe fn arg_i64(fcinfo: pg_sys::FunctionCallInfo, n: usize) -> Option<i64>
 }
 
 /// An interval argument: its fields and its datum.
-pub unsafe fn arg_interval(fcinfo: pg_sys::FunctionCallInfo, n: usize) -> Option<(IntervalValue, Datum)> {
+pub unsafe fn arg_interval(
+    fcinfo: pg_sys::FunctionCallInfo,
+    n: usize,
+) -> Option<(IntervalValue, Datum)> {
     // SAFETY: argument n is declared as interval.
     unsafe { arg_datum(fcinfo, n).map(|d| (interval_value(d), d)) }
 }
@@ -128,7 +138,11 @@ pub unsafe fn arg_interval(fcinfo: pg_sys::FunctionCallInfo, n: usize) -> Option
 pub unsafe fn interval_value(d: Datum) -> IntervalValue {
     // SAFETY: an interval datum points at an Interval struct.
     let iv = unsafe { &*(d.cast_mut_ptr::<pg_sys::Interval>()) };
-    IntervalValue { months: iv.month, days: iv.day, micros: iv.time }
+    IntervalValue {
+        months: iv.month,
+        days: iv.day,
+        micros: iv.time,
+    }
 }
 
 /// An interval as PostgreSQL prints it, quoted, for messages.
@@ -175,6 +189,11 @@ pub fn return_bool(v: bool) -> Datum {
 }
 
 /// Unwrap a required argument or fail with 22004.
-pub fn required<T>(v: Option<T>, function: &str, argument: &str, name: Option<&str>) -> Result<T, FlError> {
+pub fn required<T>(
+    v: Option<T>,
+    function: &str,
+    argument: &str,
+    name: Option<&str>,
+) -> Result<T, FlError> {
     v.ok_or_else(|| FlError::null_argument(function, argument, name))
 }

@@ -87,7 +87,10 @@ fn objects() -> Result<Objects, FlError> {
         }
         let table_owner = (*(*rel).rd_rel).relowner;
         pg_sys::RelationClose(rel);
-        Ok(Objects { table_owner, sequence })
+        Ok(Objects {
+            table_owner,
+            sequence,
+        })
     }
 }
 
@@ -115,7 +118,12 @@ impl Store {
                     | pg_sys::SECURITY_RESTRICTED_OPERATION as i32,
             );
         }
-        Ok(Store { spi: Connection::open(), sequence: objects.sequence, saved_user, saved_context })
+        Ok(Store {
+            spi: Connection::open(),
+            sequence: objects.sequence,
+            saved_user,
+            saved_context,
+        })
     }
 
     pub fn spi(&self) -> &Connection {
@@ -171,7 +179,14 @@ impl Store {
     }
 
     /// Move the expiry of lease `token` to `now + ttl`.
-    pub fn extend(&self, name: &str, token: i64, now: i64, ttl: Option<Datum>, ttl_micros: i64) -> Result<(), FlError> {
+    pub fn extend(
+        &self,
+        name: &str,
+        token: i64,
+        now: i64,
+        ttl: Option<Datum>,
+        ttl_micros: i64,
+    ) -> Result<(), FlError> {
         let args = [
             Some(text_datum(name)),
             Some(Datum::from(token)),
@@ -184,7 +199,9 @@ impl Store {
 
     /// Remove the record of lease `token`.
     pub fn delete(&self, name: &str, token: i64) -> Result<(), FlError> {
-        let rows = self.spi.run(&DELETE, &[Some(text_datum(name)), Some(Datum::from(token))]);
+        let rows = self
+            .spi
+            .run(&DELETE, &[Some(text_datum(name)), Some(Datum::from(token))]);
         expect_one(rows.len(), name)
     }
 
@@ -192,13 +209,19 @@ impl Store {
     /// names whose fence lock is busy. Keeps the table from growing without
     /// bound when leases are left to expire instead of being released.
     pub fn reap(&self, before: i64, limit: i64) -> usize {
-        let rows = self.spi.run(&EXPIRED, &[Some(Datum::from(before)), Some(Datum::from(limit))]);
+        let rows = self.spi.run(
+            &EXPIRED,
+            &[Some(Datum::from(before)), Some(Datum::from(limit))],
+        );
         let names: Vec<String> = (0..rows.len()).filter_map(|i| rows.text(i, 1)).collect();
         let mut reaped = 0;
         for name in names {
             let key = crate::keys::Key::fence(&name);
             if key.try_lock(crate::keys::Mode::Exclusive) {
-                let r = self.spi.run(&DELETE_EXPIRED, &[Some(text_datum(&name)), Some(Datum::from(before))]);
+                let r = self.spi.run(
+                    &DELETE_EXPIRED,
+                    &[Some(text_datum(&name)), Some(Datum::from(before))],
+                );
                 reaped += r.len();
             }
         }

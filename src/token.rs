@@ -42,7 +42,13 @@ static SETVAL: Statement = Statement {
 fn nextval(seq: pg_sys::Oid) -> i64 {
     // SAFETY: nextval_oid takes a regclass datum; the sequence exists (looked
     // up by the caller) and its owner runs this call.
-    let d = unsafe { pg_sys::DirectFunctionCall1Coll(Some(crate::sqlfn::nextval_oid), pg_sys::InvalidOid, Datum::from(seq)) };
+    let d = unsafe {
+        pg_sys::DirectFunctionCall1Coll(
+            Some(crate::sqlfn::nextval_oid),
+            pg_sys::InvalidOid,
+            Datum::from(seq),
+        )
+    };
     d.value() as i64
 }
 
@@ -63,7 +69,13 @@ pub fn next_token(spi: &crate::spi::Connection, seq: pg_sys::Oid) -> i64 {
     if epoch_of(token) >= epoch {
         return token;
     }
-    spi.run(&SETVAL, &[Some(Datum::from(seq)), Some(Datum::from(epoch_floor(epoch)))]);
+    spi.run(
+        &SETVAL,
+        &[
+            Some(Datum::from(seq)),
+            Some(Datum::from(epoch_floor(epoch))),
+        ],
+    );
     nextval(seq)
 }
 
@@ -92,6 +104,6 @@ mod tests {
     #[test]
     fn the_largest_timeline_still_fits_in_a_positive_bigint() {
         let e = epoch_for_timeline(65_536);
-        assert!(epoch_floor(e) + (1 << 47) - 1 > 0);
+        assert!(epoch_floor(e) + ((1 << 47) - 1) > 0);
     }
 }

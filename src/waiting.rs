@@ -36,7 +36,9 @@ pub fn acquire(req: &AcquireRequest, wait_micros: Option<i64>) -> Result<i64, Fl
 
     {
         let store = Store::open()?;
-        let first = attempt_acquire(&store, req, |fence| lock_until(fence, Mode::Exclusive, deadline, &timed_out))?;
+        let first = attempt_acquire(&store, req, |fence| {
+            lock_until(fence, Mode::Exclusive, deadline, &timed_out)
+        })?;
         if let Attempt::Granted(token) = first {
             return Ok(token);
         }
@@ -51,7 +53,9 @@ pub fn acquire(req: &AcquireRequest, wait_micros: Option<i64>) -> Result<i64, Fl
         unsafe { pg_sys::ResetLatch(pg_sys::MyLatch) };
         let attempt = {
             let store = Store::open()?;
-            attempt_acquire(&store, req, |fence| lock_until(fence, Mode::Exclusive, deadline, &timed_out))?
+            attempt_acquire(&store, req, |fence| {
+                lock_until(fence, Mode::Exclusive, deadline, &timed_out)
+            })?
         };
         let expires_at = match attempt {
             Attempt::Granted(token) => return Ok(token),
@@ -97,7 +101,12 @@ impl Drop for LockTimeoutOverride {
 
 /// Take `key` in `mode`, waiting no later than `deadline` (nor longer than
 /// the session's `lock_timeout`); past it, fail with `timed_out()`.
-fn lock_until(key: &Key, mode: Mode, deadline: Option<i64>, timed_out: &dyn Fn() -> FlError) -> Result<(), FlError> {
+fn lock_until(
+    key: &Key,
+    mode: Mode,
+    deadline: Option<i64>,
+    timed_out: &dyn Fn() -> FlError,
+) -> Result<(), FlError> {
     let Some(deadline) = deadline else {
         // Only lock_timeout bounds the wait; report it as our own 55P03.
         return lock_catching_timeout(key, mode).map_err(|()| timed_out());
@@ -113,7 +122,11 @@ fn lock_until(key: &Key, mode: Mode, deadline: Option<i64>, timed_out: &dyn Fn()
     // 0 = none); the override is undone when `_restore` drops.
     let _restore = unsafe {
         let saved = pg_sys::LockTimeout;
-        let bound = if saved > 0 { (saved as i64).min(left_ms) } else { left_ms };
+        let bound = if saved > 0 {
+            (saved as i64).min(left_ms)
+        } else {
+            left_ms
+        };
         pg_sys::LockTimeout = bound.clamp(1, i32::MAX as i64) as i32;
         LockTimeoutOverride { saved }
     };

@@ -1,0 +1,164 @@
+// In-process tests (`cargo pgrx test`): the SQL API against a real backend.
+// Each test runs in one transaction. Errors raised with our own SQLSTATEs reach
+// these tests through pgrx, which keeps the message but not the code; the
+// SQLSTATEs themselves are checked by the pg_regress and integration suites.
+
+use pgrx::prelude::*;
+
+fn one_i64(q: &str) -> Option<i64> {
+    Spi::get_one::<i64>(q).expect("query failed")
+}
+
+fn one_bool(q: &str) -> Option<bool> {
+    Spi::get_one::<bool>(q).expect("query failed")
+}
+
+#[pg_test]
+fn try_acquire_grants_a_positive_token_and_records_the_lease() {
+    let t = one_i64("SELECT fenced_lock_try_acquire('job:1', '30 seconds', 'w1')").unwrap();
+    assert!(t > 0);
+    let (token, holder) = Spi::get_two::<i64, String>(
+        "SELECT token, holder FROM fenced_lock_leases WHERE name = 'job:1' AND live",
+    )
+    .unwrap();
+    assert_eq!(token, Some(t));
+    assert_eq!(holder.as_deref(), Some("w1"));
+}
+
+#[pg_test]
+fn a_live_lease_refuses_a_second_holder() {
+    assert!(one_i64("SELECT fenced_lock_try_acquire('job:2', '30 seconds', 'a')").is_some());
+    assert_eq!(one_i64("SELECT fenced_lock_try_acquire('job:2', '30 seconds', 'b')"), None);
+    assert_eq!(one_i64("SELECT fenced_lock_try_acquire('job:2', '30 seconds')"), None);
+}
+
+#[pg_test]
+fn retry_by_the_same_holder_returns_the_same_token_and_extends() {
+    let t = one_i64("SELECT fenced_lock_try_acquire('job:3', '1 second', 'w')").unwrap();
+    let before = one_i64("SELECT (extract(epoch FROM expires_at) * 1e6)::bigint FROM fenced_lock_leases WHERE name = 'job:3'").unwrap();
+    let again = one_i64("SELECT fenced_lock_try_acquire('job:3', '1 hour', 'w')").unwrap();
+    let after = one_i64("SELECT (extract(epoch FROM expires_at) * 1e6)::bigint FROM fenced_lock_leases WHERE name = 'job:3'").unwrap();
+    assert_eq!(t, again);
+    assert!(after > before + 3_000_000_000, "lease extended to an hour");
+}
+
+#[pg_test]
+fn tokens_strictly_increase_across_names() {
+    let a = one_i64("SELECT fenced_lock_try_acquire('inc:a')").unwrap();
+    let b = one_i64("SELECT fenced_lock_try_acquire('inc:b')").unwrap();
+    assert!(fenced_release("inc:a", a));
+    let c = one_i64("SELECT fenced_lock_try_acquire('inc:a')").unwrap();
+    assert!(a < b && b < c);
+}
+
+fn fenced_release(name: &str, token: i64) -> bool {
+    one_bool(&format!("SELECT fenced_lock_release('{name}', {token})")).unwrap()
+}
+
+#[pg_test]
+fn release_ends_the_lease_once() {
+    let t = one_i64("SELECT fenced_lock_try_acquire('job:4')").unwrap();
+    assert!(fenced_release("job:4", t));
+    assert!(!fenced_release("job:4", t));
+    assert_eq!(one_bool(&format!("SELECT fenced_lock_validate('job:4', {t})")), Some(false));
+    assert_eq!(one_i64("SELECT count(*) FROM fenced_lock_leases WHERE name = 'job:4'"), Some(0));
+}
+
+#[pg_test]
+fn renew_keeps_the_token_and_null_ttl_reuses_the_original() {
+    let t = one_i64("SELECT fenced_lock_try_acquire('job:5', '10 minutes')").unwrap();
+    assert_eq!(one_bool(&format!("SELECT fenced_lock_renew('job:5', {t})")), Some(true));
+    let left = one_i64("SELECT extract(epoch FROM expires_at - clock_timestamp())::bigint FROM fenced_lock_leases WHERE name = 'job:5'").unwrap();
+    assert!((590..=600).contains(&left), "renewed for its own 10 minutes, got {left}s");
+    assert_eq!(one_bool(&format!("SELECT fenced_lock_renew('job:5', {t}, '1 hour')")), Some(true));
+    assert_eq!(one_i64("SELECT token FROM fenced_lock_leases WHERE name = 'job:5'"), Some(t));
+}
+
+#[pg_test]
+fn an_expired_lease_is_never_revived() {
+    let t = one_i64("SELECT fenced_lock_try_acquire('job:6', '20 milliseconds')").unwrap();
+    Spi::run("SELECT pg_sleep(0.05)").unwrap();
+    assert_eq!(one_bool(&format!("SELECT fenced_lock_validate('job:6', {t})")), Some(false));
+    assert_eq!(one_bool(&format!("SELECT fenced_lock_renew('job:6', {t})")), Some(false));
+    assert_eq!(one_bool(&format!("SELECT fenced_lock_release('job:6', {t})")), Some(false));
+    assert_eq!(one_bool("SELECT live FROM fenced_lock_leases WHERE name = 'job:6'"), Some(false));
+}
+
+#[pg_test]
+fn takeover_after_expiry_gets_a_larger_token() {
+    let t = one_i64("SELECT fenced_lock_try_acquire('job:7', '20 milliseconds', 'a')").unwrap();
+    Spi::run("SELECT pg_sleep(0.05)").unwrap();
+    let u = one_i64("SELECT fenced_lock_try_acquire('job:7', '30 seconds', 'b')").unwrap();
+    assert!(u > t);
+    assert_eq!(one_bool(&format!("SELECT fenced_lock_validate('job:7', {t})")), Some(false));
+    assert_eq!(one_bool(&format!("SELECT fenced_lock_validate('job:7', {u})")), Some(true));
+}
+
+#[pg_test]
+fn expiry_is_decided_on_the_clock_not_the_transaction_start() {
+    // now() stays at the transaction start; the lease must still expire.
+    let t = one_i64("SELECT fenced_lock_try_acquire('job:8', '30 milliseconds')").unwrap();
+    Spi::run("SELECT pg_sleep(0.06)").unwrap();
+    assert_eq!(one_bool(&format!("SELECT fenced_lock_validate('job:8', {t})")), Some(false));
+    assert!(one_i64("SELECT fenced_lock_try_acquire('job:8')").is_some());
+}
+
+#[pg_test]
+fn force_release_by_a_superuser_ends_any_lease() {
+    one_i64("SELECT fenced_lock_try_acquire('job:9')").unwrap();
+    assert_eq!(one_bool("SELECT fenced_lock_force_release('job:9')"), Some(true));
+    assert_eq!(one_bool("SELECT fenced_lock_force_release('job:9')"), Some(false));
+}
+
+#[pg_test]
+fn the_view_shows_one_row_per_name() {
+    one_i64("SELECT fenced_lock_try_acquire('view:a', '1 minute', 'h')").unwrap();
+    one_i64("SELECT fenced_lock_try_acquire('view:b')").unwrap();
+    assert_eq!(one_i64("SELECT count(*) FROM fenced_lock_leases WHERE name LIKE 'view:%' AND live"), Some(2));
+    assert_eq!(
+        one_bool("SELECT owner::text = current_user::text FROM fenced_lock_leases WHERE name = 'view:a'"),
+        Some(true)
+    );
+}
+
+#[pg_test]
+fn guarded_insert_with_the_live_token_is_accepted() {
+    Spi::run("CREATE TABLE g1 (id int PRIMARY KEY, v int, fence_token bigint)").unwrap();
+    Spi::run("CREATE TRIGGER f BEFORE INSERT OR UPDATE OR DELETE ON g1 FOR EACH ROW EXECUTE FUNCTION fenced_lock_guard('g1:{id}')").unwrap();
+    let t = one_i64("SELECT fenced_lock_try_acquire('g1:1')").unwrap();
+    Spi::run(&format!("INSERT INTO g1 VALUES (1, 10, {t})")).unwrap();
+    Spi::run(&format!("UPDATE g1 SET v = 9, fence_token = {t} WHERE id = 1")).unwrap();
+    Spi::run(&format!("SELECT fenced_lock_assert('g1:1', {t})")).unwrap();
+    Spi::run("DELETE FROM g1 WHERE id = 1").unwrap();
+    assert_eq!(one_i64("SELECT count(*) FROM g1"), Some(0));
+}
+
+#[pg_test(error = "stale fencing token 999999 for lock \"g2:1\": live token is none")]
+fn guarded_insert_with_an_unknown_token_is_rejected() {
+    Spi::run("CREATE TABLE g2 (id int PRIMARY KEY, v int, fence_token bigint)").unwrap();
+    Spi::run("CREATE TRIGGER f BEFORE INSERT ON g2 FOR EACH ROW EXECUTE FUNCTION fenced_lock_guard('g2:{id}')").unwrap();
+    Spi::run("INSERT INTO g2 VALUES (1, 10, 999999)").unwrap();
+}
+
+#[pg_test(error = "fenced_lock_try_acquire: argument \"name\" must not be NULL")]
+fn null_name_is_rejected() {
+    Spi::run("SELECT fenced_lock_try_acquire(NULL)").unwrap();
+}
+
+#[pg_test(error = "fenced_lock_renew: token -1 for lock \"x\" is not positive")]
+fn non_positive_token_is_rejected() {
+    Spi::run("SELECT fenced_lock_renew('x', -1)").unwrap();
+}
+
+#[pg_test]
+fn a_rolled_back_grant_burns_its_token() {
+    let before = one_i64("SELECT fenced_lock_try_acquire('burn:a')").unwrap();
+    Spi::run(
+        "DO $$ BEGIN PERFORM fenced_lock_try_acquire('burn:b'); RAISE EXCEPTION 'roll back'; \
+         EXCEPTION WHEN raise_exception THEN NULL; END $$",
+    )
+    .unwrap();
+    assert_eq!(one_i64("SELECT count(*) FROM fenced_lock_leases WHERE name = 'burn:b'"), Some(0));
+    let after = one_i64("SELECT fenced_lock_try_acquire('burn:b')").unwrap();
+    assert!(after > before + 1, "the rolled-back grant's token {} is not reused", before + 1);
+}
