@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo
           python3-psycopg python3-pytest pgbouncer redis-server etcd-server etcd-client
-          faketime procps)
+          faketime procps python3-redis python3-matplotlib)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
