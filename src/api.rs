@@ -54,11 +54,14 @@ unsafe fn ttl_arg(
 }
 
 /// The arguments shared by both acquires: name, ttl, holder.
+/// Name, (ttl datum, ttl in microseconds), holder.
+type AcquireArgs = (String, (Datum, i64), Option<String>);
+
 unsafe fn acquire_args(
     fcinfo: pg_sys::FunctionCallInfo,
     function: &str,
     holder_arg: usize,
-) -> Result<(String, (Datum, i64), Option<String>), FlError> {
+) -> Result<AcquireArgs, FlError> {
     // SAFETY: the acquires are (name text, ttl interval, ..., holder text).
     unsafe {
         let name = name_arg(fcinfo, function)?;

@@ -30,24 +30,24 @@ unsafe extern "C-unwind" fn on_xact_event(
     _arg: *mut std::ffi::c_void,
 ) {
     match event {
-        pg_sys::XactEvent::XACT_EVENT_PRE_COMMIT => {
+        pg_sys::XactEvent::XACT_EVENT_PRE_COMMIT
             if MUST_FLUSH.with(|m| m.get())
                 // SAFETY: reading a GUC variable of this backend.
-                && unsafe { pg_sys::synchronous_commit } < pg_sys::SyncCommitLevel::SYNCHRONOUS_COMMIT_REMOTE_WRITE as i32
-            {
-                // SAFETY: inside a transaction; GUC_ACTION_LOCAL reverts at transaction end.
-                unsafe {
-                    pg_sys::set_config_option(
-                        c"synchronous_commit".as_ptr(),
-                        c"on".as_ptr(),
-                        pg_sys::GucContext::PGC_USERSET,
-                        pg_sys::GucSource::PGC_S_SESSION,
-                        pg_sys::GucAction::GUC_ACTION_LOCAL,
-                        true,
-                        0,
-                        false,
-                    );
-                }
+                && unsafe { pg_sys::synchronous_commit }
+                    < pg_sys::SyncCommitLevel::SYNCHRONOUS_COMMIT_REMOTE_WRITE as i32 =>
+        {
+            // SAFETY: inside a transaction; GUC_ACTION_LOCAL reverts at transaction end.
+            unsafe {
+                pg_sys::set_config_option(
+                    c"synchronous_commit".as_ptr(),
+                    c"on".as_ptr(),
+                    pg_sys::GucContext::PGC_USERSET,
+                    pg_sys::GucSource::PGC_S_SESSION,
+                    pg_sys::GucAction::GUC_ACTION_LOCAL,
+                    true,
+                    0,
+                    false,
+                );
             }
         }
         pg_sys::XactEvent::XACT_EVENT_COMMIT

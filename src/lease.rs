@@ -171,13 +171,21 @@ fn queue_is_empty(name: &str) -> bool {
     }
 }
 
+/// Reaping takes the FENCE lock of each name it removes until commit; inside a
+/// long explicit transaction that would hold up other sessions, so only
+/// single-statement transactions reap.
+fn in_transaction_block() -> bool {
+    // SAFETY: plain accessor of the transaction state.
+    unsafe { pg_sys::IsTransactionBlock() }
+}
+
 fn reap_now_and_then(store: &Store, now: i64) {
     let n = GRANTS.with(|g| {
         let n = g.get().wrapping_add(1);
         g.set(n);
         n
     });
-    if n % REAP_EVERY == 0 {
+    if n.is_multiple_of(REAP_EVERY) && !in_transaction_block() {
         store.reap(now - REAP_AFTER_MICROS, REAP_BATCH);
     }
 }

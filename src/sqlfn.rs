@@ -107,22 +107,30 @@ pub unsafe fn raise(error: FlError) -> ! {
 }
 
 /// Argument `n`, or `None` when it is SQL NULL.
+/// # Safety
+/// `fcinfo` is the valid call info of a function declared as in `sql/fenced_lock.sql`.
 pub unsafe fn arg_datum(fcinfo: pg_sys::FunctionCallInfo, n: usize) -> Option<Datum> {
     // SAFETY: the caller passes a valid fcinfo with at least n+1 arguments.
     unsafe { pgrx::fcinfo::pg_getarg_datum(fcinfo, n) }
 }
 
+/// # Safety
+/// `fcinfo` is the valid call info of a function declared as in `sql/fenced_lock.sql`.
 pub unsafe fn arg_text(fcinfo: pg_sys::FunctionCallInfo, n: usize) -> Option<String> {
     // SAFETY: argument n is declared as text.
     unsafe { pgrx::fcinfo::pg_getarg::<String>(fcinfo, n) }
 }
 
+/// # Safety
+/// `fcinfo` is the valid call info of a function declared as in `sql/fenced_lock.sql`.
 pub unsafe fn arg_i64(fcinfo: pg_sys::FunctionCallInfo, n: usize) -> Option<i64> {
     // SAFETY: argument n is declared as bigint.
     unsafe { arg_datum(fcinfo, n).map(|d| d.value() as i64) }
 }
 
 /// An interval argument: its fields and its datum.
+/// # Safety
+/// `fcinfo` is the valid call info of a function declared as in `sql/fenced_lock.sql`.
 pub unsafe fn arg_interval(
     fcinfo: pg_sys::FunctionCallInfo,
     n: usize,
@@ -174,6 +182,8 @@ pub fn text_datum(s: &str) -> Datum {
     s.into_datum().expect("text datum")
 }
 
+/// # Safety
+/// `fcinfo` is the valid call info of a function declared as in `sql/fenced_lock.sql`.
 pub unsafe fn return_null(fcinfo: pg_sys::FunctionCallInfo) -> Datum {
     // SAFETY: valid fcinfo.
     unsafe { (*fcinfo).isnull = true };
