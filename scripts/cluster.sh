@@ -3,12 +3,12 @@
 #   scripts/cluster.sh start [DIR] [PORT] [extra postgresql.conf lines...]
 #   scripts/cluster.sh stop  [DIR]
 #   scripts/cluster.sh kill  [DIR]    (kill -9 the postmaster)
-# DIR defaults to /tmp/fenced_lock_cluster, PORT to 5499.
+# DIR defaults to /tmp/fenced_lock_demo, PORT to 5499.
 set -euo pipefail
 BIN=$(pg_config --bindir 2>/dev/null || echo /usr/lib/postgresql/15/bin)
 [ -x "$BIN/initdb" ] || BIN=/usr/lib/postgresql/15/bin
 cmd=${1:?start|stop|kill}
-DIR=${2:-/tmp/fenced_lock_cluster}
+DIR=${2:-/tmp/fenced_lock_demo}
 PORT=${3:-5499}
 shift $(( $# < 3 ? $# : 3 ))
 
