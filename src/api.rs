@@ -124,7 +124,8 @@ unsafe fn renew(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
         let name = name_arg(fcinfo, F)?;
         let token = token_arg(fcinfo, 1, F, &name)?;
         let ttl = ttl_arg(fcinfo, 2, F, &name)?;
-        lease::renew(F, &name, token, ttl, current_role()).map(return_bool)
+        let ttl_micros = ttl.map(|(_, micros)| micros);
+        lease::renew(F, &name, token, ttl_micros, current_role()).map(return_bool)
     }
 }
 sql_function!(fl_renew, pg_finfo_fl_renew, renew);

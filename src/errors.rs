@@ -263,18 +263,30 @@ impl FlError {
         ))
     }
 
-    pub fn delete_without_assert(name: &str) -> Self {
+    /// A DELETE, TRUNCATE, or UPDATE moving a row to another lock, with no
+    /// `fenced_lock_assert` of `name` in this transaction. `what` says which.
+    pub fn delete_without_assert(name: &str, what: &str) -> Self {
         Self::new(
             sqlstate::MISSING_TOKEN,
             format!(
-                "guarded delete under lock {} without a fencing token",
+                "guarded {what} lock {} without a fencing token",
                 quote_name(name)
             ),
         )
         .hint(format!(
-            "Call fenced_lock_assert({}, <token>) in the same transaction before deleting.",
+            "Call fenced_lock_assert({}, <token>) in the same transaction first.",
             sql_literal(name)
         ))
+    }
+
+    pub fn guard_truncate_per_row(table: &str, template: &str) -> Self {
+        Self::new(
+            sqlstate::INSUFFICIENT_PRIVILEGE,
+            format!(
+                "fenced_lock_guard: cannot truncate \"{table}\": its rows are guarded by per-row locks \"{template}\""
+            ),
+        )
+        .hint("Delete the rows instead, asserting each row's lock; only a table guarded by one lock name can be truncated.")
     }
 
     // ---- waiting (55P03) --------------------------------------------------
@@ -296,7 +308,7 @@ impl FlError {
         Self::new(
             sqlstate::TRIGGER_PROTOCOL_VIOLATED,
             format!(
-                "fenced_lock_guard: trigger \"{trigger}\" on \"{table}\" must be BEFORE ... FOR EACH ROW"
+                "fenced_lock_guard: trigger \"{trigger}\" on \"{table}\" must be BEFORE ... FOR EACH ROW (or BEFORE TRUNCATE)"
             ),
         )
         .hint("Recreate it as: CREATE TRIGGER ... BEFORE INSERT OR UPDATE OR DELETE ON ... FOR EACH ROW EXECUTE FUNCTION fenced_lock_guard('<name template>', '<token column>').")

@@ -14,6 +14,14 @@
 //!   name also needs what a DELETE of the old row needs.
 //! - DELETE: this transaction must have called `fenced_lock_assert` for the
 //!   resolved name with a token that is still live.
+//! - TRUNCATE (as a `BEFORE TRUNCATE ... FOR EACH STATEMENT` trigger with the
+//!   same arguments): refused for per-row templates; for a whole-table lock,
+//!   accepted like a DELETE.
+//!
+//! Template values are the columns' text output. For types whose text form
+//! depends on session settings (dates, floats, bytea, ...) they are rendered
+//! under fixed settings (`CANONICAL_SETTINGS`), so that every session computes
+//! the same lock name for the same row.
 //!
 //! Misuse (wrong timing or level, bad arguments, missing or mistyped columns)
 //! is reported every time the trigger fires, the first time included.
@@ -44,12 +52,15 @@ struct Guard {
     columns: HashMap<String, i32>,
     token_column: String,
     token_attnum: i32,
+    /// Some template column's text form depends on session settings.
+    canonical: bool,
 }
 
 enum Op {
     Insert,
     Update,
     Delete,
+    Truncate,
 }
 
 /// The trigger body.
@@ -75,14 +86,21 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
 
         let timing = event & pg_sys::TRIGGER_EVENT_TIMINGMASK;
         let row_level = event & pg_sys::TRIGGER_EVENT_ROW != 0;
-        if timing != pg_sys::TRIGGER_EVENT_BEFORE || !row_level {
+        let op_bits = event & pg_sys::TRIGGER_EVENT_OPMASK;
+        let op = if op_bits == pg_sys::TRIGGER_EVENT_TRUNCATE
+            && timing == pg_sys::TRIGGER_EVENT_BEFORE
+        {
+            // TRUNCATE fires statement-level triggers only.
+            Op::Truncate
+        } else if timing != pg_sys::TRIGGER_EVENT_BEFORE || !row_level {
             return Err(FlError::guard_not_before_row(&table, &trigger_name));
-        }
-        let op = match event & pg_sys::TRIGGER_EVENT_OPMASK {
-            pg_sys::TRIGGER_EVENT_INSERT => Op::Insert,
-            pg_sys::TRIGGER_EVENT_UPDATE => Op::Update,
-            pg_sys::TRIGGER_EVENT_DELETE => Op::Delete,
-            _ => return Err(FlError::guard_not_before_row(&table, &trigger_name)),
+        } else {
+            match op_bits {
+                pg_sys::TRIGGER_EVENT_INSERT => Op::Insert,
+                pg_sys::TRIGGER_EVENT_UPDATE => Op::Update,
+                pg_sys::TRIGGER_EVENT_DELETE => Op::Delete,
+                _ => return Err(FlError::guard_not_before_row(&table, &trigger_name)),
+            }
         };
 
         let args: Vec<String> = (0..(*trigger).tgnargs as usize)
@@ -111,7 +129,7 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
                 let token = guard.token(new, tupdesc, &name)?;
                 let old_name = guard.lock_name(old, tupdesc)?;
                 if old_name != name {
-                    check_delete(&store, &old_name)?;
+                    check_delete(&store, &old_name, "update moving a row out of")?;
                 }
                 fence::check(&store, &name, token)?;
                 if let Some(stored) = guard.stored_token(old, tupdesc) {
@@ -129,18 +147,33 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
             Op::Delete => {
                 let old = (*td).tg_trigtuple;
                 let name = guard.lock_name(old, tupdesc)?;
-                check_delete(&store, &name)?;
+                check_delete(&store, &name, "delete under")?;
                 Ok(Datum::from(old))
+            }
+            Op::Truncate => {
+                // Only a table guarded by one lock can be truncated, by a
+                // transaction that asserted that lock; per-row locks cannot
+                // all be checked by one statement.
+                if !guard.template.columns().is_empty() {
+                    return Err(FlError::guard_truncate_per_row(
+                        &table,
+                        &guard.template_text,
+                    ));
+                }
+                let name = guard.template_text_name()?;
+                check_delete(&store, &name, "truncate under")?;
+                Ok(Datum::from(0))
             }
         }
     }
 }
 
-/// A delete (or a move away) of a row under `name` needs a live asserted token.
-fn check_delete(store: &Store, name: &str) -> Result<(), FlError> {
+/// A delete, truncate or move away of rows under `name` needs a live token
+/// asserted in this transaction.
+fn check_delete(store: &Store, name: &str, what: &str) -> Result<(), FlError> {
     match fence::asserted_token(name) {
         Some(token) => fence::check(store, name, token),
-        None => Err(FlError::delete_without_assert(name)),
+        None => Err(FlError::delete_without_assert(name, what)),
     }
 }
 
@@ -171,10 +204,13 @@ unsafe fn resolve(
     })?;
 
     let mut columns = HashMap::new();
+    let mut canonical = false;
     for c in template.columns() {
         // SAFETY: valid tuple descriptor of the trigger's relation.
         let attnum = unsafe { attnum(tupdesc, c) }
             .ok_or_else(|| FlError::guard_missing_column(table, trigger, c, "template"))?;
+        // SAFETY: attnum is a user column of tupdesc.
+        canonical |= !text_form_is_fixed(unsafe { pg_sys::SPI_gettypeid(tupdesc, attnum) });
         columns.insert(c.to_string(), attnum);
     }
     let token_column = args
@@ -207,7 +243,80 @@ unsafe fn resolve(
         columns,
         token_column,
         token_attnum,
+        canonical,
     })
+}
+
+/// Types whose text output never depends on session settings. Anything else
+/// (dates, times, intervals, floats, bytea, money, arrays, records, ...) is
+/// rendered under `CanonicalOutput`.
+fn text_form_is_fixed(typ: pg_sys::Oid) -> bool {
+    // SAFETY: catalog lookup; a domain resolves to its base type.
+    let base = unsafe { pg_sys::getBaseType(typ) };
+    [
+        pg_sys::INT2OID,
+        pg_sys::INT4OID,
+        pg_sys::INT8OID,
+        pg_sys::NUMERICOID,
+        pg_sys::OIDOID,
+        pg_sys::BOOLOID,
+        pg_sys::TEXTOID,
+        pg_sys::VARCHAROID,
+        pg_sys::BPCHAROID,
+        pg_sys::NAMEOID,
+        pg_sys::CHAROID,
+        pg_sys::UUIDOID,
+    ]
+    .contains(&base)
+}
+
+/// The settings under which template values are rendered when their text form
+/// could depend on the session: every session then computes the same lock name
+/// for the same row. Restored when dropped.
+const CANONICAL_SETTINGS: [(&std::ffi::CStr, &std::ffi::CStr); 6] = [
+    (c"DateStyle", c"ISO, YMD"),
+    (c"IntervalStyle", c"postgres"),
+    (c"TimeZone", c"UTC"),
+    (c"extra_float_digits", c"1"),
+    (c"bytea_output", c"hex"),
+    (c"lc_monetary", c"C"),
+];
+
+struct CanonicalOutput {
+    nest_level: i32,
+}
+
+impl CanonicalOutput {
+    fn enter() -> CanonicalOutput {
+        // SAFETY: a GUC nest level like a function's SET clause; every value
+        // is valid for a USERSET parameter.
+        unsafe {
+            let nest_level = pg_sys::NewGUCNestLevel();
+            for (name, value) in CANONICAL_SETTINGS {
+                pg_sys::set_config_option(
+                    name.as_ptr(),
+                    value.as_ptr(),
+                    pg_sys::GucContext::PGC_USERSET,
+                    pg_sys::GucSource::PGC_S_SESSION,
+                    pg_sys::GucAction::GUC_ACTION_SAVE,
+                    true,
+                    0,
+                    false,
+                );
+            }
+            CanonicalOutput { nest_level }
+        }
+    }
+}
+
+impl Drop for CanonicalOutput {
+    fn drop(&mut self) {
+        // On an error the transaction's abort restores the settings.
+        if !std::thread::panicking() {
+            // SAFETY: pops the nest level pushed in `enter`.
+            unsafe { pg_sys::AtEOXact_GUC(true, self.nest_level) };
+        }
+    }
 }
 
 /// The attribute number of user column `name`, if it exists (not dropped,
@@ -226,6 +335,7 @@ impl Guard {
         row: pg_sys::HeapTuple,
         tupdesc: pg_sys::TupleDesc,
     ) -> Result<String, FlError> {
+        let settings = self.canonical.then(CanonicalOutput::enter);
         let name = self.template.render(
             |column| {
                 let attnum = self.columns[column];
@@ -244,6 +354,19 @@ impl Guard {
             },
             |column| FlError::guard_null_template_value(&self.table, column, &self.template_text),
         )?;
+        drop(settings);
+        self.checked_name(name)
+    }
+
+    /// The lock name of a template without columns (guarding the whole table).
+    fn template_text_name(&self) -> Result<String, FlError> {
+        let name = self
+            .template
+            .render(|_| Ok::<_, FlError>(None), |_| unreachable!("no columns"))?;
+        self.checked_name(name)
+    }
+
+    fn checked_name(&self, name: String) -> Result<String, FlError> {
         crate::args::check_name("fenced_lock_guard", &name)
             .map_err(|_| FlError::guard_bad_resolved_name(&self.table, &name))?;
         Ok(name)

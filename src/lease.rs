@@ -127,7 +127,7 @@ pub fn attempt_acquire(
         acts_for(req.caller, owner)
     }) {
         AcquireDecision::Extend { token } => {
-            store.extend(req.name, token, now, Some(req.ttl), req.ttl_micros)?;
+            store.extend(req.name, token, now, req.ttl_micros)?;
             require_durable_commit();
             Ok(Attempt::Granted(token))
         }
@@ -202,12 +202,13 @@ pub fn try_acquire(req: &AcquireRequest) -> Result<Option<i64>, FlError> {
     }
 }
 
-/// `fenced_lock_renew`: `ttl` None keeps the lease's own ttl.
+/// `fenced_lock_renew`: `ttl_micros` None renews for the ttl the lease was
+/// granted with.
 pub fn renew(
     function: &str,
     name: &str,
     token: i64,
-    ttl: Option<(Datum, i64)>,
+    ttl_micros: Option<i64>,
     caller: pg_sys::Oid,
 ) -> Result<bool, FlError> {
     let store = Store::open()?;
@@ -219,12 +220,8 @@ pub fn renew(
         acts_for(caller, owner)
     }) {
         OwnerDecision::Apply => {
-            let lease = current.expect("Apply implies a record");
-            let (ttl_datum, ttl_micros) = match ttl {
-                Some((d, micros)) => (Some(d), micros),
-                None => (None, lease.ttl_micros),
-            };
-            store.extend(name, token, now, ttl_datum, ttl_micros)?;
+            let granted_ttl = current.expect("Apply implies a record").ttl_micros;
+            store.extend(name, token, now, ttl_micros.unwrap_or(granted_ttl))?;
             require_durable_commit();
             Ok(true)
         }

@@ -72,6 +72,10 @@ fn renew_keeps_the_token_and_null_ttl_reuses_the_original() {
     assert!((590..=600).contains(&left), "renewed for its own 10 minutes, got {left}s");
     assert_eq!(one_bool(&format!("SELECT fenced_lock_renew('job:5', {t}, '1 hour')")), Some(true));
     assert_eq!(one_i64("SELECT token FROM fenced_lock_leases WHERE name = 'job:5'"), Some(t));
+    // NULL means the ttl the lease was granted with, not the last one used
+    assert_eq!(one_bool(&format!("SELECT fenced_lock_renew('job:5', {t})")), Some(true));
+    let left = one_i64("SELECT extract(epoch FROM expires_at - clock_timestamp())::bigint FROM fenced_lock_leases WHERE name = 'job:5'").unwrap();
+    assert!((590..=600).contains(&left), "renewed for the original 10 minutes, got {left}s");
 }
 
 #[pg_test]

@@ -23,7 +23,7 @@ pub struct Lease {
     pub owner: pg_sys::Oid,
     /// microseconds since 2000-01-01 (PostgreSQL's TimestampTz)
     pub expires_at: i64,
-    /// the ttl it was granted or last renewed with, in microseconds
+    /// the ttl it was granted with, in microseconds
     pub ttl_micros: i64,
 }
 
@@ -178,20 +178,13 @@ impl Store {
         expect_one(rows.len(), name)
     }
 
-    /// Move the expiry of lease `token` to `now + ttl`.
-    pub fn extend(
-        &self,
-        name: &str,
-        token: i64,
-        now: i64,
-        ttl: Option<Datum>,
-        ttl_micros: i64,
-    ) -> Result<(), FlError> {
+    /// Move the expiry of lease `token` to `now + ttl`. The ttl the lease was
+    /// granted with stays recorded: `renew(name, token)` keeps using it.
+    pub fn extend(&self, name: &str, token: i64, now: i64, ttl_micros: i64) -> Result<(), FlError> {
         let args = [
             Some(text_datum(name)),
             Some(Datum::from(token)),
             Some(Datum::from(expiry(now, ttl_micros))),
-            ttl,
         ];
         let rows = self.spi.run(&EXTEND, &args);
         expect_one(rows.len(), name)
@@ -287,9 +280,9 @@ static REGRANT: Statement = Statement {
 };
 
 static EXTEND: Statement = Statement {
-    sql: "UPDATE fenced_lock_internal.leases SET expires_at = $3, ttl = COALESCE($4, ttl) \
+    sql: "UPDATE fenced_lock_internal.leases SET expires_at = $3 \
           WHERE name OPERATOR(pg_catalog.=) $1 AND token OPERATOR(pg_catalog.=) $2",
-    args: &[T, I8, TS, IV],
+    args: &[T, I8, TS],
     read_only: false,
 };
 

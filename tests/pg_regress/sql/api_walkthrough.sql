@@ -50,6 +50,11 @@ SELECT expires_at > :'e2' AS extended,
 SELECT fenced_lock_renew('walk:orders', :t1, '1 minute') AS renewed;
 SELECT expires_at - clock_timestamp() BETWEEN '50 seconds' AND '1 minute' AS ends_in_1_minute
   FROM fenced_lock_leases WHERE name = 'walk:orders';
+-- renew without a ttl again: the ttl the lease was granted with (10 minutes),
+-- not the one the last renew used.
+SELECT fenced_lock_renew('walk:orders', :t1) AS renewed;
+SELECT expires_at - clock_timestamp() BETWEEN '9 minutes' AND '10 minutes' AS ends_in_10_minutes_again
+  FROM fenced_lock_leases WHERE name = 'walk:orders';
 -- Renewing a token that is not the live lease returns false and changes nothing.
 SELECT fenced_lock_renew('walk:orders', :t1 + 1) AS renewed;
 SELECT fenced_lock_validate('walk:orders', :t1) AS t1_still_live;

@@ -30,12 +30,31 @@ UPDATE item SET qty = 2, fence_token = :t;
 DELETE FROM item;
 DROP TRIGGER g ON item;
 
--- A statement-level trigger cannot guard TRUNCATE either (row triggers never
--- see TRUNCATE; keep TRUNCATE away from roles that must be fenced).
+-- TRUNCATE fires no row triggers. Attached as BEFORE TRUNCATE (statement
+-- level, the only kind TRUNCATE has), the guard refuses to truncate a table
+-- guarded per row (42501: no single lock covers every row) ...
 CREATE TRIGGER g BEFORE TRUNCATE ON item
   FOR EACH STATEMENT EXECUTE FUNCTION fenced_lock_guard('item:{id}');
 TRUNCATE item;
 DROP TRIGGER g ON item;
+-- ... and treats TRUNCATE of a table guarded by one lock like a DELETE: it
+-- needs fenced_lock_assert of that lock in the same transaction (FL002 without).
+CREATE TABLE whole (id int, fence_token bigint);
+CREATE TRIGGER g BEFORE TRUNCATE ON whole
+  FOR EACH STATEMENT EXECUTE FUNCTION fenced_lock_guard('whole-table');
+TRUNCATE whole;
+SELECT fenced_lock_try_acquire('whole-table', '1 minute') AS tw \gset
+BEGIN;
+SELECT fenced_lock_assert('whole-table', :tw);
+TRUNCATE whole;
+COMMIT;
+-- AFTER TRUNCATE is still misuse.
+DROP TRIGGER g ON whole;
+CREATE TRIGGER g2 AFTER TRUNCATE ON whole
+  FOR EACH STATEMENT EXECUTE FUNCTION fenced_lock_guard('whole-table');
+TRUNCATE whole;
+DROP TABLE whole;
+SELECT fenced_lock_release('whole-table', :tw);
 
 CREATE VIEW item_view AS SELECT * FROM item;
 CREATE TRIGGER g INSTEAD OF INSERT OR UPDATE OR DELETE ON item_view

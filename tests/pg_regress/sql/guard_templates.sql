@@ -74,6 +74,27 @@ INSERT INTO flags VALUES (7, true, :tf);
 INSERT INTO flags VALUES (7, false, :tf);
 SELECT id, on_off FROM flags WHERE fence_token = :tf;
 
+-- Values whose text form depends on session settings (dates, timestamps,
+-- intervals, floats, bytea) are rendered under fixed settings (DateStyle ISO,
+-- TimeZone UTC, IntervalStyle postgres, extra_float_digits 1, bytea_output
+-- hex), so every session resolves a row to the same lock name.
+CREATE TABLE days (day date, at timestamptz, span interval, ratio float8, raw bytea, fence_token bigint);
+CREATE TRIGGER days_fence
+  BEFORE INSERT OR UPDATE OR DELETE ON days
+  FOR EACH ROW EXECUTE FUNCTION fenced_lock_guard('day:{day}|{at}|{span}|{ratio}|{raw}');
+SET datestyle = 'German'; SET timezone = 'America/New_York';
+SET intervalstyle = 'sql_standard'; SET extra_float_digits = -3; SET bytea_output = 'escape';
+SELECT fenced_lock_try_acquire('day:2024-03-01|2024-03-01 12:00:00+00|1 day 02:00:00|0.1|\x6869', '1 minute') AS td \gset
+INSERT INTO days VALUES ('2024-03-01', '2024-03-01 12:00:00+00', '1 day 2 hours', 0.1, 'hi', :td);
+-- The session's own settings are untouched, and a second session style agrees.
+SHOW datestyle;
+SET datestyle = 'ISO, MDY'; SET timezone = 'UTC'; SET intervalstyle = 'postgres';
+UPDATE days SET fence_token = :td;
+-- A lease of the name as another DateStyle would print it does not let the row in.
+SELECT fenced_lock_try_acquire('day:01.03.2024|2024-03-01 12:00:00+00|1 day 02:00:00|0.1|\x6869', '1 minute') AS tg \gset
+UPDATE days SET fence_token = :tg;
+RESET datestyle; RESET timezone; RESET intervalstyle; RESET extra_float_digits; RESET bytea_output;
+
 -- A value that makes the name longer than 512 bytes: 22023 (and the message
 -- quotes the name cut short).
 SELECT fenced_lock_try_acquire('note:' || repeat('x', 507), '1 minute') AS t512 \gset
@@ -214,11 +235,11 @@ SELECT warehouse, aisle, format('%L', bin) AS bin, qty FROM shelf ORDER BY wareh
 
 -- Clean up.
 DROP VIEW shelf_north;
-DROP TABLE shelf, notes, note_keys, flags, batch_rows, events;
+DROP TABLE shelf, notes, note_keys, flags, batch_rows, events, days;
 SELECT count(*) FILTER (WHERE fenced_lock_force_release(name)) > 0 AS force_released
   FROM fenced_lock_leases
  WHERE name LIKE '{shelf}/%' OR name LIKE 'note:%' OR name LIKE 'flag:%'
-    OR name LIKE 'batch:%' OR name LIKE 'event:%';
+    OR name LIKE 'batch:%' OR name LIKE 'event:%' OR name LIKE 'day:%';
 SELECT count(*) AS live_leases FROM fenced_lock_leases
  WHERE live AND (name LIKE '{shelf}/%' OR name LIKE 'note:%' OR name LIKE 'flag:%'
-    OR name LIKE 'batch:%' OR name LIKE 'event:%');
+    OR name LIKE 'batch:%' OR name LIKE 'event:%' OR name LIKE 'day:%');
