@@ -1,0 +1,101 @@
+"""Guarantee (SPEC §7, §2): a crash — kill -9 of the postmaster — loses no
+acknowledged lease change and no acknowledged guarded write, and tokens keep
+growing across it.
+
+Several client threads acquire, renew, release and write to a guarded table
+while the postmaster is killed with SIGKILL three times. Clients record an
+operation only after its commit returned; an operation in flight at the crash
+is "unknown" and is resolved from what the server shows after recovery.
+After every restart:
+  - every acknowledged live lease is there with the same token, holder and
+    expires_at; every acknowledged release is gone;
+  - every acknowledged guarded write is there;
+  - the next token exceeds every acknowledged token;
+  - leases of clients that died with the server keep their expires_at, hold
+    until then, and another client gets the name right after it passes.
+Half the clients run with synchronous_commit = off: their lease changes must
+be exactly as durable (a grant is never less durable than
+synchronous_commit = on), and so is a guarded write committed in the same
+transaction as a grant. Their other writes are not promised to survive.
+"""
+
+import threading
+import time
+
+import pytest
+
+from acked_workload import Model, create_ledger, lost_writes, reconcile, worker
+from faultkit import CRASH_PORT, connect, leases, wait_until
+
+CYCLES = 3
+COMMIT_MODES = ["on", "on", "on", "off", "off", "off"]  # synchronous_commit of each client
+RUN_S = 1.5
+DEAD_TTL_S = 6
+
+
+@pytest.mark.budget(200)
+def test_crash_loses_no_acknowledged_grant_or_write(clusters):
+    c = clusters.new("f_crash", CRASH_PORT)
+    dbname = c.create_database("crash")
+    with connect(c, dbname) as db:
+        create_ledger(db, "crash")
+
+    model = Model("crash", COMMIT_MODES)
+    dead = {}  # name -> (token, holder, owner, expires_at) of clients that died with the server
+
+    for cycle in range(CYCLES):
+        stop = threading.Event()
+        threads = [threading.Thread(target=worker, args=(c.port, dbname, w, model, stop), daemon=True)
+                   for w in range(len(COMMIT_MODES))]
+        for t in threads:
+            t.start()
+        # A client that takes a short lease and then dies with the server.
+        with connect(c, dbname) as dead_client:
+            name = f"crash:dead:{cycle}"
+            with dead_client.transaction():
+                t = dead_client.execute("SELECT fenced_lock_try_acquire(%s, %s::interval, 'dead')",
+                                        (name, f"{DEAD_TTL_S} seconds")).fetchone()[0]
+                exp = dead_client.execute("SELECT expires_at FROM fenced_lock_leases WHERE name = %s",
+                                          (name,)).fetchone()[0]
+            dead[name] = (t, "dead", "postgres", exp)
+            model.acked_tokens.append(t)
+        time.sleep(RUN_S)
+        c.kill9()
+        stop.set()
+        for t in threads:
+            t.join(30)
+            assert not t.is_alive(), "a client thread hung after the crash"
+        assert not model.failures, model.failures
+        c.start()
+
+        with connect(c, dbname) as db:
+            server = leases(db)
+            problems = reconcile(model, server)
+            assert not problems, problems
+            for name, lease in dead.items():
+                assert server.get(name) == lease, f"dead client's lease {name} changed across the crash"
+
+            lost = lost_writes(db, model)
+            assert not lost, f"acknowledged guarded writes lost in crash {cycle + 1}: {lost}"
+
+            probe = db.execute("SELECT fenced_lock_try_acquire(%s, '1 second')", (f"crash:probe:{cycle}",)).fetchone()[0]
+            assert probe > max(model.acked_tokens), "a token after recovery does not exceed an acknowledged one"
+            assert probe > max(server[n][0] for n in server)
+            model.acked_tokens.append(probe)
+
+    print(f"crash workload: {model.counts}; synchronous_commit=off writes lost (allowed): "
+          f"{model.async_writes_lost}")
+    for kind in ("grant", "async_grant", "renew", "release", "write", "async_grant_write"):
+        assert model.counts[kind] > 0, f"the workload never acknowledged a {kind}: {model.counts}"
+
+    # Leases of the dead clients end exactly at their expires_at, not before, not later.
+    with connect(c, dbname) as other:
+        for name, (token, _, _, exp) in sorted(dead.items(), key=lambda kv: kv[1][3]):
+            live = other.execute("SELECT clock_timestamp() < %s", (exp,)).fetchone()[0]
+            if live:
+                assert other.execute("SELECT fenced_lock_try_acquire(%s, '5 seconds', 'other')",
+                                     (name,)).fetchone()[0] is None, f"{name} was granted before its expiry"
+                wait_until(lambda: other.execute("SELECT clock_timestamp() >= %s", (exp,)).fetchone()[0],
+                           DEAD_TTL_S + 5, what=f"{name} to reach its expires_at")
+            t = other.execute("SELECT fenced_lock_try_acquire(%s, '5 seconds', 'other')", (name,)).fetchone()[0]
+            assert t is not None and t > token, f"{name} not granted right after its expiry"

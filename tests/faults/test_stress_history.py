@@ -1,0 +1,242 @@
+"""Guarantee (SPEC §2, §4, §6): under a long, messy mix of every operation —
+try_acquire, acquire with and without a wait bound, renew, release, validate,
+assert, guarded INSERT / UPDATE / DELETE at every isolation level, an
+operator's force_release, random pauses past the ttl, and pg_cancel_backend
+of waiting acquirers — the committed history never shows:
+  - two live leases of one name at the same moment (on the server's clock);
+  - a token granted twice, or a name's tokens going down in commit order;
+  - an expired lease being renewed;
+  - an accepted write whose token was not the name's lease at commit time
+    (every accepted write commits after its grant and before the next one);
+  - a lost update: each counter equals its row's version and the number of
+    committed increments, at every step of its history.
+The history is recorded server-side by AFTER triggers (see lease_history.py)
+and read with commit timestamps (track_commit_timestamp = on).
+"""
+
+import random
+import threading
+import time
+from collections import Counter
+
+import psycopg
+import pytest
+
+import lease_history
+from faultkit import connect
+
+APP = "fl_stress_app"
+RESOURCES = [f"r{i}" for i in range(4)]
+CLIENTS = 8
+RUN_S = 30
+TTLS = [0.3, 0.8, 2.0]
+WAITS = ["100 milliseconds", "500 milliseconds", "2 seconds", None]
+LEVELS = ["READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE"]
+
+SCHEMA = f"""
+CREATE TABLE stock (res text PRIMARY KEY, counter bigint NOT NULL DEFAULT 0,
+                    version bigint NOT NULL DEFAULT 0, fence_token bigint);
+INSERT INTO stock (res) SELECT 'r' || i FROM generate_series(0, {len(RESOURCES) - 1}) i;
+CREATE TRIGGER stock_fence BEFORE INSERT OR UPDATE OR DELETE ON stock
+  FOR EACH ROW EXECUTE FUNCTION fenced_lock_guard('stress:{{res}}');
+CREATE TABLE events (id bigserial PRIMARY KEY, res text NOT NULL, fence_token bigint, note text);
+CREATE TRIGGER events_fence BEFORE INSERT OR UPDATE OR DELETE ON events
+  FOR EACH ROW EXECUTE FUNCTION fenced_lock_guard('stress:{{res}}');
+GRANT EXECUTE ON FUNCTION fenced_lock_try_acquire(text, interval, text),
+  fenced_lock_acquire(text, interval, interval, text), fenced_lock_renew(text, bigint, interval),
+  fenced_lock_release(text, bigint), fenced_lock_validate(text, bigint), fenced_lock_assert(text, bigint)
+  TO {APP};
+GRANT SELECT, INSERT, UPDATE, DELETE ON stock, events TO {APP};
+GRANT USAGE ON SEQUENCE events_id_seq TO {APP};
+"""
+
+EXPECTED = {"FL001", "40001", "55P03", "57014", "25P02"}
+
+
+class Client:
+    def __init__(self, port, dbname, i, stats, deadline):
+        self.port, self.dbname, self.i = port, dbname, i
+        self.stats, self.deadline = stats, deadline
+        self.rnd = random.Random(1000 + i)
+        self.lease = None  # (name, res, token, ttl)
+
+    def op(self, what, fn):
+        """Run one operation; count its outcome; return its value (or None on an expected error)."""
+        self.stats["op:" + what] += 1
+        try:
+            return fn()
+        except psycopg.Error as e:
+            if e.sqlstate not in EXPECTED:
+                raise
+            self.stats[f"{what}:{e.sqlstate}"] += 1
+            self.stats["sqlstate:" + e.sqlstate] += 1
+            if e.sqlstate == "FL001":
+                self.lease = None  # we lost the lock: never write with this token again
+            return None
+
+    def run(self):
+        with connect(self.port, self.dbname, user=APP, statement_timeout_ms=3000) as conn:
+            self.conn = conn
+            while time.monotonic() < self.deadline:
+                if self.lease is None:
+                    self.acquire()
+                else:
+                    self.act()
+
+    def acquire(self):
+        res = self.rnd.choice(RESOURCES)
+        name = f"stress:{res}"
+        ttl = self.rnd.choice(TTLS)
+        holder = self.rnd.choice([None, f"client-{self.i}"])
+        if self.rnd.random() < 0.4:
+            token = self.op("try_acquire", lambda: self.conn.execute(
+                "SELECT fenced_lock_try_acquire(%s, make_interval(secs => %s), %s)", (name, ttl, holder)).fetchone()[0])
+            if token is None:
+                time.sleep(self.rnd.uniform(0, 0.05))
+        else:
+            wait = self.rnd.choice(WAITS)
+            token = self.op("acquire", lambda: self.conn.execute(
+                "SELECT fenced_lock_acquire(%s, make_interval(secs => %s), %s::interval, %s)",
+                (name, ttl, wait, holder)).fetchone()[0])
+        if token is not None:
+            self.stats["granted"] += 1
+            self.lease = (name, res, token, ttl)
+
+    def act(self):
+        name, res, token, ttl = self.lease
+        c = self.conn
+        r = self.rnd.random()
+        if r < 0.30:
+            self.increment(res, token, ttl)
+        elif r < 0.42:
+            self.op("insert", lambda: c.execute("INSERT INTO events (res, fence_token, note) VALUES (%s, %s, 'x')",
+                                                (res, token)))
+        elif r < 0.50:
+            def delete():
+                with c.transaction():
+                    c.execute("SELECT fenced_lock_assert(%s, %s)", (name, token))
+                    c.execute("DELETE FROM events WHERE id = (SELECT min(id) FROM events WHERE res = %s)", (res,))
+            self.op("delete", delete)
+        elif r < 0.60:
+            ok = self.op("renew", lambda: c.execute("SELECT fenced_lock_renew(%s, %s, %s::interval)",
+                                                    (name, token, self.rnd.choice([None, f"{ttl} seconds"]))
+                                                    ).fetchone()[0])
+            if ok is False:
+                self.lease = None
+        elif r < 0.66:
+            self.op("assert", lambda: c.execute("SELECT fenced_lock_assert(%s, %s)", (name, token)))
+        elif r < 0.70:
+            if self.op("validate", lambda: c.execute("SELECT fenced_lock_validate(%s, %s)", (name, token)
+                                                     ).fetchone()[0]) is False:
+                self.lease = None
+        elif r < 0.82:
+            self.op("release", lambda: c.execute("SELECT fenced_lock_release(%s, %s)", (name, token)).fetchone()[0])
+            self.lease = None
+        else:
+            # A pause, sometimes past the ttl: the next write must then be rejected.
+            self.stats["pause"] += 1
+            time.sleep(self.rnd.uniform(0, ttl * 1.6))
+
+    def increment(self, res, token, ttl):
+        """Read-modify-write of the counter, at a random isolation level,
+        sometimes pausing between the read and the write."""
+        c = self.conn
+        level = self.rnd.choice(LEVELS)
+        pause = self.rnd.random() < 0.2
+
+        def rmw():
+            with c.transaction():
+                c.execute(f"SET TRANSACTION ISOLATION LEVEL {level}")
+                value = c.execute("SELECT counter FROM stock WHERE res = %s", (res,)).fetchone()[0]
+                if pause:
+                    time.sleep(self.rnd.uniform(0, ttl * 1.6))
+                c.execute("UPDATE stock SET counter = %s, version = version + 1, fence_token = %s WHERE res = %s",
+                          (value + 1, token, res))
+            return True
+
+        if self.op("increment", rmw):
+            self.stats["acked_increments:" + res] += 1
+
+
+def operator(port, dbname, stats, deadline):
+    rnd = random.Random(7)
+    with connect(port, dbname) as c:
+        while time.monotonic() < deadline:
+            time.sleep(rnd.uniform(0.3, 1.0))
+            name = f"stress:{rnd.choice(RESOURCES)}"
+            stats["op:force_release"] += 1
+            if c.execute("SELECT fenced_lock_force_release(%s)", (name,)).fetchone()[0]:
+                stats["forced"] += 1
+
+
+def canceller(port, dbname, stats, deadline):
+    rnd = random.Random(11)
+    with connect(port, dbname) as c:
+        while time.monotonic() < deadline:
+            time.sleep(rnd.uniform(0.1, 0.5))
+            pids = [r[0] for r in c.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND state = 'active' "
+                "AND query LIKE 'SELECT fenced_lock_acquire(%%' AND pid <> pg_backend_pid()").fetchall()]
+            if pids:
+                stats["op:cancel"] += 1
+                if c.execute("SELECT pg_cancel_backend(%s)", (rnd.choice(pids),)).fetchone()[0]:
+                    stats["cancel_sent"] += 1
+
+
+def guarded(stats, target, *args):
+    try:
+        target(*args)
+    except Exception as e:  # noqa: BLE001 - reported by the main thread
+        stats["failure: %r" % (e,)] += 1
+
+
+@pytest.mark.budget(120)
+def test_stress_history_invariants(main_cluster, fresh_db):
+    with connect(main_cluster, fresh_db) as db:
+        db.execute(f"DO $$ BEGIN CREATE ROLE {APP} LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$")
+        db.execute(SCHEMA)
+        lease_history.install(db)
+        lease_history.install_write_history(db, "stock", "'stress:' || r.res", "r.version", "r.counter")
+        lease_history.install_write_history(db, "events", "'stress:' || r.res")
+        assert db.execute("SHOW track_commit_timestamp").fetchone()[0] == "on"
+
+    stats = Counter()
+    deadline = time.monotonic() + RUN_S
+    threads = [threading.Thread(target=guarded, args=(stats, Client(main_cluster.port, fresh_db, i, stats,
+                                                                    deadline).run), daemon=True)
+               for i in range(CLIENTS)]
+    threads.append(threading.Thread(target=guarded, args=(stats, operator, main_cluster.port, fresh_db, stats,
+                                                          deadline), daemon=True))
+    threads.append(threading.Thread(target=guarded, args=(stats, canceller, main_cluster.port, fresh_db, stats,
+                                                          deadline), daemon=True))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(RUN_S + 30)
+        assert not t.is_alive(), "a stress client hung"
+    print("stress:", dict(sorted(stats.items())))
+    failures = [k for k in stats if k.startswith("failure")]
+    assert not failures, failures
+
+    # The run exercised what it claims to.
+    for what in ("try_acquire", "acquire", "renew", "release", "assert", "validate", "increment", "insert",
+                 "delete", "force_release"):
+        assert stats["op:" + what] > 0, f"no {what} ran"
+    assert stats["granted"] > 50 and stats["forced"] > 0
+    assert stats["sqlstate:FL001"] > 0, "no stale write was ever attempted"
+
+    with connect(main_cluster, fresh_db) as db:
+        lease_evs = lease_history.lease_events(db)
+        write_evs = lease_history.write_events(db)
+        assert all(e["commit_ts"] is not None for e in lease_evs + write_evs)
+        problems = lease_history.check_leases(lease_evs) + lease_history.check_writes(lease_evs, write_evs)
+        assert not problems, problems[:20]
+
+        # No lost update: the counter went up by one at every committed write, in order.
+        for res, counter, version in db.execute("SELECT res, counter, version FROM stock ORDER BY res").fetchall():
+            steps = sorted((w["version"], w["counter"]) for w in write_evs
+                           if w["tbl"] == "stock" and w["name"] == f"stress:{res}" and w["op"] == "UPDATE")
+            assert counter == version == len(steps)
+            assert steps == [(v, v) for v in range(1, version + 1)], f"{res}: lost update in its history"
+            assert counter >= stats["acked_increments:" + res]
+        assert sum(1 for w in write_evs if w["tbl"] == "stock") >= 20
