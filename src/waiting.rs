@@ -31,7 +31,8 @@ const RECHECK_MS: i64 = 1_000;
 /// `fenced_lock_acquire`: `wait` None waits until granted or cancelled.
 pub fn acquire(req: &AcquireRequest, wait_micros: Option<i64>) -> Result<i64, FlError> {
     let start = now();
-    let deadline = wait_micros.map(|w| start.saturating_add(w));
+    let deadline =
+        effective_wait(wait_micros, session_lock_timeout_micros()).map(|w| start.saturating_add(w));
     let timed_out = || FlError::wait_timeout(req.name, (now() - start) / 1000);
 
     {
@@ -87,6 +88,21 @@ pub fn acquire(req: &AcquireRequest, wait_micros: Option<i64>) -> Result<i64, Fl
     }
 }
 
+/// The session's `lock_timeout` in microseconds, None when it is 0 (off).
+fn session_lock_timeout_micros() -> Option<i64> {
+    // SAFETY: reading the lock_timeout GUC's variable (milliseconds).
+    let ms = unsafe { pg_sys::LockTimeout };
+    (ms > 0).then(|| ms as i64 * 1000)
+}
+
+/// How long the whole wait may last: the shorter of `wait` and `lock_timeout`.
+pub fn effective_wait(wait_micros: Option<i64>, lock_timeout_micros: Option<i64>) -> Option<i64> {
+    match (wait_micros, lock_timeout_micros) {
+        (Some(w), Some(l)) => Some(w.min(l)),
+        (w, l) => w.or(l),
+    }
+}
+
 /// Restores `lock_timeout`'s variable when dropped (also on error unwind).
 struct LockTimeoutOverride {
     saved: i32,
@@ -99,8 +115,8 @@ impl Drop for LockTimeoutOverride {
     }
 }
 
-/// Take `key` in `mode`, waiting no later than `deadline` (nor longer than
-/// the session's `lock_timeout`); past it, fail with `timed_out()`.
+/// Take `key` in `mode`, waiting no later than `deadline` (which already
+/// accounts for `lock_timeout`); past it, fail with `timed_out()`.
 fn lock_until(
     key: &Key,
     mode: Mode,
@@ -108,8 +124,9 @@ fn lock_until(
     timed_out: &dyn Fn() -> FlError,
 ) -> Result<(), FlError> {
     let Some(deadline) = deadline else {
-        // Only lock_timeout bounds the wait; report it as our own 55P03.
-        return lock_catching_timeout(key, mode).map_err(|()| timed_out());
+        // No wait and no lock_timeout: wait as long as it takes.
+        key.lock(mode);
+        return Ok(());
     };
     if key.try_lock(mode) {
         return Ok(());
@@ -122,12 +139,7 @@ fn lock_until(
     // 0 = none); the override is undone when `_restore` drops.
     let _restore = unsafe {
         let saved = pg_sys::LockTimeout;
-        let bound = if saved > 0 {
-            (saved as i64).min(left_ms)
-        } else {
-            left_ms
-        };
-        pg_sys::LockTimeout = bound.clamp(1, i32::MAX as i64) as i32;
+        pg_sys::LockTimeout = left_ms.clamp(1, i32::MAX as i64) as i32;
         LockTimeoutOverride { saved }
     };
     lock_catching_timeout(key, mode).map_err(|()| timed_out())
@@ -144,4 +156,19 @@ fn lock_catching_timeout(key: &Key, mode: Mode) -> Result<(), ()> {
     })
     .catch_when(PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE, |_| Err(()))
     .execute()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::effective_wait;
+
+    #[test]
+    fn lock_timeout_bounds_the_whole_wait_when_shorter() {
+        assert_eq!(effective_wait(None, None), None);
+        assert_eq!(effective_wait(Some(5), None), Some(5));
+        assert_eq!(effective_wait(None, Some(3)), Some(3));
+        assert_eq!(effective_wait(Some(5), Some(3)), Some(3));
+        assert_eq!(effective_wait(Some(2), Some(3)), Some(2));
+        assert_eq!(effective_wait(Some(0), Some(3)), Some(0));
+    }
 }
