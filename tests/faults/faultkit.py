@@ -69,7 +69,9 @@ def leases(conn):
 class PgBouncer:
     """/usr/sbin/pgbouncer run as the postgres OS user (it refuses root)."""
 
-    def __init__(self, directory, port, backend_port, dbnames, users, pool_size=4):
+    def __init__(self, directory, port, backend_port, dbnames, users, pool_size=4, single=None):
+        """`dbnames` are pooled with `pool_size` server connections; `single`
+        (alias -> dbname) are pooled through exactly one server connection."""
         self.dir = directory
         self.port = port
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -79,6 +81,8 @@ class PgBouncer:
         userlist = self.dir / "userlist.txt"
         userlist.write_text("".join(f'"{u}" ""\n' for u in users))
         dbs = "".join(f"{d} = host=127.0.0.1 port={backend_port} dbname={d}\n" for d in dbnames)
+        dbs += "".join(f"{a} = host=127.0.0.1 port={backend_port} dbname={d} pool_size=1\n"
+                       for a, d in (single or {}).items())
         self.ini.write_text(
             "[databases]\n" + dbs +
             "[pgbouncer]\n"
@@ -103,7 +107,26 @@ class PgBouncer:
             os.chmod(f, 0o644)
         self.proc = None
 
+    def _stop_leftover(self):
+        """A pgbouncer left behind by an interrupted earlier run of this test
+        (found by its own pidfile) would hold the port: end it."""
+        pidfile = self.dir / "pgbouncer.pid"
+        if not pidfile.exists():
+            return
+        pid = pidfile.read_text().strip()
+        try:
+            comm = open(f"/proc/{pid}/comm").read().strip()
+        except (FileNotFoundError, ValueError):
+            comm = ""
+        if comm == "pgbouncer":
+            subprocess.run(["kill", "-TERM", pid], check=False)
+            deadline = time.monotonic() + 10
+            while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+                time.sleep(0.1)
+        subprocess.run(["rm", "-f", str(pidfile)], check=False)
+
     def start(self):
+        self._stop_leftover()
         self.proc = subprocess.Popen(["sudo", "-u", "postgres", "--", "/usr/sbin/pgbouncer", str(self.ini)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 10

@@ -11,6 +11,11 @@ different server backends. Afterwards:
   - the server-side history of fenced_lock_internal.leases shows no two live
     leases of a name at any moment and tokens growing per name;
   - no lost update: each counter equals the number of acknowledged increments.
+And through a pool of one server connection, where every client's
+transactions run on the same backend: what one transaction asserted is not
+remembered for the next (another client's DELETE still needs its own
+fenced_lock_assert, FL002), and a lease acquired by one client is renewed and
+released by its owner whichever client used the backend in between.
 
 A waiting fenced_lock_acquire occupies a server connection while it waits,
 so behind a small pool the clients mostly use try_acquire with a client-side
@@ -26,7 +31,7 @@ import psycopg
 import pytest
 
 import lease_history
-from faultkit import PGBOUNCER_PORT, PgBouncer, connect
+from faultkit import PGBOUNCER_PORT, PgBouncer, connect, sqlstate_of
 from harness.cluster import ROOT
 
 APP = "fl_bouncer_app"
@@ -81,6 +86,26 @@ def client(bouncer, dbname, i, stats, stop):
         stats["failure: %r" % (e,)] += 1
 
 
+def single_backend_checks(bouncer):
+    with bouncer.connect("fl_single", APP) as x, bouncer.connect("fl_single", APP) as y:
+        pid = lambda c: c.execute("SELECT pg_backend_pid()").fetchone()[0]  # noqa: E731
+        token = x.execute("SELECT fenced_lock_try_acquire('notes', '30 seconds')").fetchone()[0]
+        x.execute("INSERT INTO notes VALUES ('notes', 1, %s)", (token,))
+        x.execute("SELECT fenced_lock_assert('notes', %s)", (token,))
+        assert pid(x) == pid(y), "a pool of one should share one backend"
+        # x's assert ended with x's transaction: y's DELETE on that same backend has none.
+        assert sqlstate_of(y.execute, "DELETE FROM notes WHERE id = 1") == "FL002"
+        assert sqlstate_of(x.execute, "DELETE FROM notes WHERE id = 1") == "FL002"
+        with x.transaction():
+            x.execute("SELECT fenced_lock_assert('notes', %s)", (token,))
+            x.execute("DELETE FROM notes WHERE id = 1")
+        assert x.execute("SELECT count(*) FROM notes").fetchone()[0] == 0
+        # Owner-only operations work from any client of the owner role, on any backend.
+        assert y.execute("SELECT fenced_lock_renew('notes', %s)", (token,)).fetchone()[0] is True
+        assert x.execute("SELECT fenced_lock_release('notes', %s)", (token,)).fetchone()[0] is True
+        assert y.execute("SELECT fenced_lock_release('notes', %s)", (token,)).fetchone()[0] is False
+
+
 @pytest.mark.budget(90)
 def test_pgbouncer_transaction_pooling_stays_correct(main_cluster, fresh_db):
     with connect(main_cluster, fresh_db) as db:
@@ -95,10 +120,17 @@ def test_pgbouncer_transaction_pooling_stays_correct(main_cluster, fresh_db):
         db.execute(f"GRANT SELECT, UPDATE ON counters TO {APP}")
         lease_history.install(db)
 
+        db.execute("CREATE TABLE notes (name text NOT NULL, id int PRIMARY KEY, fence_token bigint)")
+        db.execute("CREATE TRIGGER notes_fence BEFORE INSERT OR UPDATE OR DELETE ON notes "
+                   "FOR EACH ROW EXECUTE FUNCTION fenced_lock_guard('{name}')")
+        db.execute(f"GRANT SELECT, INSERT, DELETE ON notes TO {APP}")
+        db.execute(f"GRANT EXECUTE ON FUNCTION fenced_lock_assert(text, bigint) TO {APP}")
+
     bouncer = PgBouncer(ROOT / "f_pgbouncer", PGBOUNCER_PORT, main_cluster.port, [fresh_db], [APP, "postgres"],
-                        pool_size=POOL)
+                        pool_size=POOL, single={"fl_single": fresh_db})
     bouncer.start()
     try:
+        single_backend_checks(bouncer)
         stats = Counter()
         stop = threading.Event()
         threads = [threading.Thread(target=client, args=(bouncer, fresh_db, i, stats, stop), daemon=True)
