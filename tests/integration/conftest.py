@@ -1,0 +1,73 @@
+"""Fixtures for the multi-connection integration tests.
+
+- `cluster`: one scratch PostgreSQL 15 (Cluster('it_main', 5500)) for the whole
+  session, started once and stopped at the end.
+- `db`: a fresh database with `CREATE EXTENSION fenced_lock`, one per test module
+  (dropped when the module is done). Connect with `cluster.connect(db)`.
+- `execute_only_role`: a factory, `execute_only_role(role=None, dbname=db,
+  functions=None)`, making a LOGIN role that has nothing but EXECUTE on the
+  fenced_lock functions (and SELECT on the view); dropped at module end.
+- `history`: the database `db` with a test-only trigger logging every lease
+  change into public.it_lease_history (see it_support.check_history).
+
+Ports 5500-5509 and /tmp/fenced_lock_tests/it_* belong to this directory.
+FL_IT_PORT (one of 5503-5509) moves the session cluster to that port and to
+/tmp/fenced_lock_tests/it_main_<port>, so that two runs at once do not share it.
+"""
+
+import os
+
+import pytest
+
+from harness.cluster import Cluster
+
+import it_support
+
+MAIN_PORT = int(os.environ.get("FL_IT_PORT", "5500"))
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    c = Cluster("it_main" if MAIN_PORT == 5500 else f"it_main_{MAIN_PORT}", MAIN_PORT)
+    c.init()
+    c.start()
+    try:
+        yield c
+    finally:
+        c.stop(check=False)
+
+
+def _module_db(cluster, request):
+    name = "it_" + it_support.safe_ident(request.module.__name__.rsplit(".", 1)[-1])
+    cluster.create_database(name)
+    return name
+
+
+@pytest.fixture(scope="module")
+def db(cluster, request):
+    name = _module_db(cluster, request)
+    yield name
+    cluster.sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="module")
+def execute_only_role(cluster, db, request):
+    made = []
+    prefix = "it_" + it_support.safe_ident(request.module.__name__.rsplit(".", 1)[-1])[:30]
+
+    def make(role=None, dbname=None, functions=None, view=True):
+        role = role or f"{prefix}_app{len(made) + 1}"
+        it_support.create_execute_only_role(cluster, dbname or db, role, functions=functions, view=view)
+        made.append(role)
+        return role
+
+    yield make
+    for role in made:
+        it_support.drop_role(cluster, role)
+
+
+@pytest.fixture(scope="module")
+def history(cluster, db):
+    it_support.install_history(cluster, db)
+    yield db
+    it_support.remove_history(cluster, db)
