@@ -3,12 +3,16 @@ keep growing past everything the old primary could have handed out — even
 under asynchronous replication, where the old primary's last grants are lost
 — so a token is never handed out twice, and the holders of lost grants cannot
 write on the new primary (FL001). With a synchronous standby no acknowledged
-grant is lost at all, whatever synchronous_commit the granting session set.
+grant is lost at all, whatever synchronous_commit the granting session set:
+while the synchronous standby receives nothing, a grant from a session with
+synchronous_commit = local or off is not acknowledged (it waits in SyncRep).
 
 Token format: on timeline N every token is >= (N - 1) << 47 (src/token.rs),
 so the first promotion (timeline 2) moves tokens to >= 1 << 47.
 """
 
+import os
+import signal
 import threading
 import time
 
@@ -151,6 +155,41 @@ def test_sync_failover_loses_no_acknowledged_grant(clusters):
         p.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
         p.execute("SELECT pg_reload_conf()")
         wait_until(lambda: streaming(p, "sync"), 30, what="the standby to become synchronous")
+
+    # While the standby receives nothing, a grant is not acknowledged, even from
+    # sessions with synchronous_commit = local or off: its commit waits for the
+    # standby. A plain write in such a session is acknowledged at once.
+    with connect(standby, dbname) as s:
+        walreceiver = s.execute("SELECT pid FROM pg_stat_wal_receiver").fetchone()[0]
+    os.kill(walreceiver, signal.SIGSTOP)
+    try:
+        waiting = {}
+        with connect(primary, dbname) as watcher:
+            for mode in ("local", "off"):
+                conn = connect(primary, dbname)
+                conn.execute(f"SET synchronous_commit = {mode}")
+                conn.execute("CREATE TABLE IF NOT EXISTS plain (mode text)")
+                conn.execute("INSERT INTO plain VALUES (%s)", (mode,))  # acknowledged without the standby
+                pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+                result = {}
+                thread = threading.Thread(target=lambda c=conn, r=result, m=mode: r.update(token=c.execute(
+                    "SELECT fenced_lock_try_acquire(%s, '1 minute')", (f"probe:{m}",)).fetchone()[0]), daemon=True)
+                thread.start()
+                waiting[mode] = (conn, pid, result, thread)
+            for mode, (conn, pid, result, thread) in waiting.items():
+                wait_until(lambda: watcher.execute("SELECT wait_event FROM pg_stat_activity WHERE pid = %s",
+                                                   (pid,)).fetchone()[0] == "SyncRep", 10,
+                           what=f"the grant of a synchronous_commit = {mode} session to wait for the standby")
+                assert "token" not in result, f"a grant with synchronous_commit = {mode} was acknowledged " \
+                                              "before the synchronous standby had it"
+    finally:
+        os.kill(walreceiver, signal.SIGCONT)
+    for mode, (conn, pid, result, thread) in waiting.items():
+        thread.join(30)
+        assert not thread.is_alive() and result["token"] is not None
+        conn.close()
+    with connect(primary, dbname) as p:
+        wait_until(lambda: streaming(p, "sync"), 30, what="the standby to be synchronous again")
 
     # Sessions with every synchronous_commit: grants are replicated before they
     # are acknowledged in all of them; plain writes only under on (and above).

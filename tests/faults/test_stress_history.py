@@ -1,8 +1,9 @@
 """Guarantee (SPEC §2, §4, §6): under a long, messy mix of every operation —
 try_acquire, acquire with and without a wait bound, renew, release, validate,
 assert, guarded INSERT / UPDATE / DELETE at every isolation level, an
-operator's force_release, random pauses past the ttl, and pg_cancel_backend
-of waiting acquirers — the committed history never shows:
+operator's force_release (a non-superuser named by fenced_lock.operator_role),
+random pauses past the ttl, and pg_cancel_backend of waiting acquirers — the
+committed history never shows:
   - two live leases of one name at the same moment (on the server's clock);
   - a token granted twice, or a name's tokens going down in commit order;
   - an expired lease being renewed;
@@ -26,6 +27,7 @@ import lease_history
 from faultkit import connect
 
 APP = "fl_stress_app"
+OPERATOR = "fl_stress_operator"  # fenced_lock.operator_role of the test database
 RESOURCES = [f"r{i}" for i in range(4)]
 CLIENTS = 8
 RUN_S = 30
@@ -48,6 +50,7 @@ GRANT EXECUTE ON FUNCTION fenced_lock_try_acquire(text, interval, text),
   TO {APP};
 GRANT SELECT, INSERT, UPDATE, DELETE ON stock, events TO {APP};
 GRANT USAGE ON SEQUENCE events_id_seq TO {APP};
+GRANT EXECUTE ON FUNCTION fenced_lock_force_release(text) TO {OPERATOR};
 """
 
 EXPECTED = {"FL001", "40001", "55P03", "57014", "25P02"}
@@ -160,7 +163,7 @@ class Client:
 
 def operator(port, dbname, stats, deadline):
     rnd = random.Random(7)
-    with connect(port, dbname) as c:
+    with connect(port, dbname, user=OPERATOR) as c:
         while time.monotonic() < deadline:
             time.sleep(rnd.uniform(0.3, 1.0))
             name = f"stress:{rnd.choice(RESOURCES)}"
@@ -193,7 +196,9 @@ def guarded(stats, target, *args):
 @pytest.mark.budget(120)
 def test_stress_history_invariants(main_cluster, fresh_db):
     with connect(main_cluster, fresh_db) as db:
-        db.execute(f"DO $$ BEGIN CREATE ROLE {APP} LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$")
+        for role in (APP, OPERATOR):
+            db.execute(f"DO $$ BEGIN CREATE ROLE {role} LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$")
+        db.execute(f"ALTER DATABASE {fresh_db} SET fenced_lock.operator_role = '{OPERATOR}'")
         db.execute(SCHEMA)
         lease_history.install(db)
         lease_history.install_write_history(db, "stock", "'stress:' || r.res", "r.version", "r.counter")
