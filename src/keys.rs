@@ -1,14 +1,15 @@
 //! The transaction-level advisory locks that order everything on one name.
 //!
-//! Keys use PostgreSQL's two-int4 advisory key form, `(space, hashtext(name))`,
-//! with a fixed first key per purpose. The application's own single-bigint
-//! advisory locks live in a different key form and can never collide with
-//! these; a two-int4 application lock collides only if it picks one of our
-//! `space` values. A hash collision between two names merely serializes them:
-//! the lease row decides who holds what, never the lock.
+//! Keys are advisory lock tags `(database, space, hashtext(name), KEY_KIND)`.
+//! `KEY_KIND` is a value of the tag's last field that SQL's advisory lock
+//! functions never use (they use 1 for a bigint key and 2 for two int4 keys),
+//! so no role can take, squat on or collide with these locks from SQL; the
+//! application's own advisory locks live in other key spaces entirely. A hash
+//! collision between two names merely serializes them: the lease row decides
+//! who holds what, never the lock.
 //!
 //! In `pg_locks` these show as `locktype = 'advisory'`, `classid = space`,
-//! `objid = hashtext(name)`, `objsubid = 2`.
+//! `objid = hashtext(name)`, `objsubid = 17996` (`KEY_KIND`).
 //!
 //! - FENCE: lease transitions (acquire, renew, release, force) take it
 //!   exclusive; the guard and `fenced_lock_assert` take it shared. A takeover
@@ -23,6 +24,8 @@ use pgrx::pg_sys;
 pub const FENCE_SPACE: u32 = 0x464C_0001;
 pub const QUEUE_SPACE: u32 = 0x464C_0002;
 pub const EPOCH_SPACE: u32 = 0x464C_0003;
+/// The advisory tag's last field for our locks ('FL'); SQL uses only 1 and 2.
+pub const KEY_KIND: u16 = 0x464C;
 
 #[derive(Clone, Copy)]
 pub struct Key {
@@ -59,7 +62,7 @@ impl Key {
                 locktag_field1: db.into(),
                 locktag_field2: space,
                 locktag_field3: id,
-                locktag_field4: 2,
+                locktag_field4: KEY_KIND,
                 locktag_type: pg_sys::LockTagType::LOCKTAG_ADVISORY as u8,
                 locktag_lockmethodid: pg_sys::USER_LOCKMETHOD as u8,
             },
