@@ -248,8 +248,8 @@ unsafe fn resolve(
 }
 
 /// Types whose text output never depends on session settings. Anything else
-/// (dates, times, intervals, floats, bytea, money, arrays, records, ...) is
-/// rendered under `CanonicalOutput`.
+/// (dates, times, intervals, floats, bytea, money, reg* types, arrays,
+/// records, ...) is rendered under `CanonicalOutput`.
 fn text_form_is_fixed(typ: pg_sys::Oid) -> bool {
     // SAFETY: catalog lookup; a domain resolves to its base type.
     let base = unsafe { pg_sys::getBaseType(typ) };
@@ -273,13 +273,15 @@ fn text_form_is_fixed(typ: pg_sys::Oid) -> bool {
 /// The settings under which template values are rendered when their text form
 /// could depend on the session: every session then computes the same lock name
 /// for the same row. Restored when dropped.
-const CANONICAL_SETTINGS: [(&std::ffi::CStr, &std::ffi::CStr); 6] = [
+const CANONICAL_SETTINGS: [(&std::ffi::CStr, &std::ffi::CStr); 7] = [
     (c"DateStyle", c"ISO, YMD"),
     (c"IntervalStyle", c"postgres"),
     (c"TimeZone", c"UTC"),
     (c"extra_float_digits", c"1"),
     (c"bytea_output", c"hex"),
     (c"lc_monetary", c"C"),
+    // reg* types print names qualified unless visible on the search path
+    (c"search_path", c""),
 ];
 
 struct CanonicalOutput {
