@@ -47,7 +47,7 @@ unsafe fn ttl_arg(
         Some((value, datum)) => {
             // SAFETY: an interval datum, printed only for an error message.
             let shown = || unsafe { interval_text(datum) };
-            let micros = check_ttl(function, name, value, shown, max_ttl_seconds())?;
+            let micros = check_ttl(function, name, value, shown, max_ttl_seconds(function)?)?;
             Ok(Some((datum, micros)))
         }
     }

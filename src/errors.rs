@@ -213,6 +213,16 @@ impl FlError {
         .hint("Force release needs a superuser or a member of the role named in fenced_lock.operator_role.")
     }
 
+    pub fn max_ttl_untrusted(function: &str) -> Self {
+        Self::new(
+            sqlstate::INSUFFICIENT_PRIVILEGE,
+            format!(
+                "{function}: fenced_lock.max_ttl was set for this session by a role that may not set it, and the server's value was lost"
+            ),
+        )
+        .hint("Reconnect without setting fenced_lock.max_ttl (for example in PGOPTIONS or the connection options), or add fenced_lock to shared_preload_libraries.")
+    }
+
     // ---- lost the lock (FL001, FL002) -------------------------------------
 
     /// `token` is not the live lease of `name`; `live` is the live token, if any.

@@ -267,9 +267,6 @@ def test_application_role_cannot_redefine_drop_or_regrant_the_extensions_objects
 FENCE_SPACE, QUEUE_SPACE = 0x464C0001, 0x464C0002
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: any role may take pg_advisory_lock(int4, int4) on fenced_lock's key "
-                                       "spaces (classid 0x464C0001/2, objid hashtext(name)) and so keep every other "
-                                       "role from ever getting a free lock name")
 @pytest.mark.parametrize("space", [QUEUE_SPACE, FENCE_SPACE], ids=["queue_key", "fence_key"])
 def test_other_roles_cannot_keep_a_free_lock_from_being_granted(sec, su, lock, space):
     with sec.connect(sec.APP_B) as squatter:
@@ -361,7 +358,9 @@ def test_settings_passed_in_the_startup_packet_do_not_take_effect(sec, su, lock)
         assert e.sqlstate == "42501"
         return
     with conn as b:
-        assert sqlstate(b, "SELECT fenced_lock_try_acquire(%s, '5 days')", (lock + ":other",)) == "22023"
+        # The startup value was refused when the library loaded, which loses the
+        # server's own value too: lease requests in this session are refused (42501).
+        assert sqlstate(b, "SELECT fenced_lock_try_acquire(%s, '5 days')", (lock + ":other",)) == "42501"
         assert sqlstate(b, "SELECT fenced_lock_force_release(%s)", (lock,)) == "42501"
         assert one(b, "SHOW fenced_lock.max_ttl") == "1d"
         assert one(b, "SHOW fenced_lock.operator_role") != sec.APP_B
@@ -405,19 +404,25 @@ def test_role_cannot_undo_a_lower_max_ttl_the_superuser_set_for_it(sec, su, lock
     assert lease_record(su, lock) is None
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a non-superuser's startup-packet value for the fenced_lock.max_ttl "
-                                       "placeholder is rejected when the library loads, but the setting then falls "
-                                       "back to the built-in default (1 day) instead of the superuser's value")
 def test_startup_options_cannot_undo_a_lower_max_ttl(sec, su, lock, b_limited_to_one_hour):
+    """A client passing the setting in its connection options, before the library is
+    loaded, makes PostgreSQL drop the administrator's 1 h for the built-in default when
+    the library loads. fenced_lock notices and refuses every lease request in that
+    session (42501) rather than grant one longer than the administrator allowed."""
     try:
         conn = sec.connect(sec.APP_B, options="-c fenced_lock.max_ttl=10d")
     except psycopg.Error as e:  # refusing the connection is fine too
         assert e.sqlstate == "42501"
         return
     with conn as b:
-        code = sqlstate(b, "SELECT fenced_lock_try_acquire(%s, '2 hours')", (lock,))
-        shown = one(b, "SHOW fenced_lock.max_ttl")
-    assert (code, shown) == ("22023", "1h")
+        over = sqlstate(b, "SELECT fenced_lock_try_acquire(%s, '2 hours')", (lock,))
+        under = sqlstate(b, "SELECT fenced_lock_try_acquire(%s, '30 minutes')", (lock,))
+        renew = sqlstate(b, "SELECT fenced_lock_renew(%s, 1, '2 hours')", (lock,))
+    assert (over, under, renew) == ("42501", "42501", "42501")
+    assert lease_record(su, lock) is None
+    with sec.connect(sec.APP_B) as b:  # a session without the option gets the 1 h limit
+        assert sqlstate(b, "SELECT fenced_lock_try_acquire(%s, '2 hours')", (lock,)) == "22023"
+        assert one(b, "SHOW fenced_lock.max_ttl") == "1h"
     assert lease_record(su, lock) is None
 
 
@@ -708,10 +713,6 @@ def test_writes_straight_into_a_partition_are_guarded(sec, table):
 DOCUMENTED_RENDERING = ("SET DateStyle = 'ISO, YMD'; SET TimeZone = 'UTC'; SET IntervalStyle = 'postgres'; "
                         "SET extra_float_digits = 1; SET bytea_output = 'hex'")
 
-SEARCH_PATH_BUG = pytest.mark.xfail(
-    strict=True, reason="BUG: reg* template columns (regclass, regtype, ...) print according to the writer's "
-                        "search_path, so one row resolves to two lock names and a stale holder writes around the guard")
-
 RENDERING = [
     pytest.param("date", "2024-01-02", "SET DateStyle = 'SQL, DMY'", id="date_DateStyle"),
     pytest.param("date[]", "{2024-01-02}", "SET DateStyle = 'German'", id="date_array_DateStyle"),
@@ -719,10 +720,8 @@ RENDERING = [
     pytest.param("interval", "1 day 2 hours", "SET IntervalStyle = 'iso_8601'", id="interval_IntervalStyle"),
     pytest.param("float8", "1.2345678", "SET extra_float_digits = -14", id="float8_extra_float_digits"),
     pytest.param("bytea", "\\x6869", "SET bytea_output = 'escape'", id="bytea_bytea_output"),
-    pytest.param("regclass", "guarded.{t}", "SET search_path = guarded, public", id="regclass_search_path",
-                 marks=SEARCH_PATH_BUG),
-    pytest.param("regtype", "guarded.{t}", "SET search_path = guarded, public", id="regtype_search_path",
-                 marks=SEARCH_PATH_BUG),
+    pytest.param("regclass", "guarded.{t}", "SET search_path = guarded, public", id="regclass_search_path"),
+    pytest.param("regtype", "guarded.{t}", "SET search_path = guarded, public", id="regtype_search_path"),
 ]
 
 
