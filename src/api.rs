@@ -53,42 +53,56 @@ unsafe fn ttl_arg(
     }
 }
 
-/// The arguments shared by both acquires: name, ttl, holder.
-/// Name, (ttl datum, ttl in microseconds), holder.
-type AcquireArgs = (String, (Datum, i64), Option<String>);
+/// The arguments shared by both acquires, checked.
+struct AcquireArgs {
+    name: String,
+    ttl: Datum,
+    ttl_micros: i64,
+    holder: Option<String>,
+}
 
-unsafe fn acquire_args(
-    fcinfo: pg_sys::FunctionCallInfo,
-    function: &str,
-    holder_arg: usize,
-) -> Result<AcquireArgs, FlError> {
-    // SAFETY: the acquires are (name text, ttl interval, ..., holder text).
-    unsafe {
-        let name = name_arg(fcinfo, function)?;
-        let ttl = required(
-            ttl_arg(fcinfo, 1, function, &name)?,
-            function,
-            "ttl",
-            Some(&name),
-        )?;
-        let holder = arg_text(fcinfo, holder_arg);
-        check_holder(function, &name, holder.as_deref())?;
-        Ok((name, ttl, holder))
+impl AcquireArgs {
+    /// Read name (argument 0), ttl (1) and holder (`holder_arg`).
+    unsafe fn read(
+        fcinfo: pg_sys::FunctionCallInfo,
+        function: &str,
+        holder_arg: usize,
+    ) -> Result<Self, FlError> {
+        // SAFETY: the acquires are (name text, ttl interval, ..., holder text).
+        unsafe {
+            let name = name_arg(fcinfo, function)?;
+            let (ttl, ttl_micros) = required(
+                ttl_arg(fcinfo, 1, function, &name)?,
+                function,
+                "ttl",
+                Some(&name),
+            )?;
+            let holder = arg_text(fcinfo, holder_arg);
+            check_holder(function, &name, holder.as_deref())?;
+            Ok(AcquireArgs {
+                name,
+                ttl,
+                ttl_micros,
+                holder,
+            })
+        }
+    }
+
+    fn request(&self) -> AcquireRequest<'_> {
+        AcquireRequest {
+            name: &self.name,
+            ttl: self.ttl,
+            ttl_micros: self.ttl_micros,
+            holder: self.holder.as_deref(),
+            caller: current_role(),
+        }
     }
 }
 
 unsafe fn try_acquire(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
-    const F: &str = "fenced_lock_try_acquire";
     // SAFETY: (name text, ttl interval, holder text)
-    let (name, (ttl, ttl_micros), holder) = unsafe { acquire_args(fcinfo, F, 2)? };
-    let req = AcquireRequest {
-        name: &name,
-        ttl,
-        ttl_micros,
-        holder: holder.as_deref(),
-        caller: current_role(),
-    };
-    match lease::try_acquire(&req)? {
+    let args = unsafe { AcquireArgs::read(fcinfo, "fenced_lock_try_acquire", 2)? };
+    match lease::try_acquire(&args.request())? {
         Some(token) => Ok(return_i64(token)),
         // SAFETY: valid fcinfo.
         None => Ok(unsafe { return_null(fcinfo) }),
@@ -100,19 +114,14 @@ unsafe fn acquire(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
     const F: &str = "fenced_lock_acquire";
     // SAFETY: (name text, ttl interval, wait interval, holder text)
     unsafe {
-        let (name, (ttl, ttl_micros), holder) = acquire_args(fcinfo, F, 3)?;
+        let args = AcquireArgs::read(fcinfo, F, 3)?;
         let wait = match arg_interval(fcinfo, 2) {
             None => None,
-            Some((value, datum)) => Some(check_wait(F, &name, value, || interval_text(datum))?),
+            Some((value, datum)) => {
+                Some(check_wait(F, &args.name, value, || interval_text(datum))?)
+            }
         };
-        let req = AcquireRequest {
-            name: &name,
-            ttl,
-            ttl_micros,
-            holder: holder.as_deref(),
-            caller: current_role(),
-        };
-        crate::waiting::acquire(&req, wait).map(return_i64)
+        crate::waiting::acquire(&args.request(), wait).map(return_i64)
     }
 }
 sql_function!(fl_acquire, pg_finfo_fl_acquire, acquire);

@@ -166,18 +166,6 @@ pub unsafe fn interval_text(d: Datum) -> String {
     }
 }
 
-/// An interval datum of `micros` microseconds.
-pub fn interval_datum(micros: i64) -> Datum {
-    // SAFETY: palloc'd Interval in the current memory context.
-    unsafe {
-        let iv = pg_sys::palloc(std::mem::size_of::<pg_sys::Interval>()) as *mut pg_sys::Interval;
-        (*iv).time = micros;
-        (*iv).day = 0;
-        (*iv).month = 0;
-        Datum::from(iv)
-    }
-}
-
 pub fn text_datum(s: &str) -> Datum {
     s.into_datum().expect("text datum")
 }
