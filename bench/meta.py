@@ -1,0 +1,14 @@
+"""Record what the run ran on (read by report.py): time, load, CPU, server version."""
+
+import json
+import time
+
+from benchlib import WORK, connect
+
+with connect("postgres") as c:
+    pg = c.execute("SHOW server_version").fetchone()[0]
+cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+load = " ".join(open("/proc/loadavg").read().split()[:3])
+WORK.mkdir(parents=True, exist_ok=True)
+(WORK / "meta.json").write_text(json.dumps({"started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                                            "load": load, "pg": pg, "cpu": cpu}))
