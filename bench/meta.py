@@ -1,6 +1,8 @@
-"""Record what the run ran on (read by report.py): time, load, CPU, server version."""
+"""Record what the run ran on (read by report.py): time, load, CPU, server
+version, and FL_BENCH_NOTE if set (e.g. "machine shared with other jobs")."""
 
 import json
+import os
 import time
 
 from benchlib import WORK, connect
@@ -11,4 +13,5 @@ cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if l
 load = " ".join(open("/proc/loadavg").read().split()[:3])
 WORK.mkdir(parents=True, exist_ok=True)
 (WORK / "meta.json").write_text(json.dumps({"started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-                                            "load": load, "pg": pg, "cpu": cpu}))
+                                            "load": load, "pg": pg, "cpu": cpu,
+                                            "note": os.environ.get("FL_BENCH_NOTE", "")}))

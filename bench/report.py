@@ -131,7 +131,7 @@ def section_scale(d):
             f"{ch['ttl']}, never released. Records expired for more than 60 s are reaped by later grants; "
             "without that the table would hold one record per grant.\n",
             table(["t (s)", "grants so far", "records in table", "of them live", "heap size", "total size (with indexes)"],
-                  [[x["t"], f"{x['grants']:,}", f"{x['records']:,}", f"{x['live']:,}",
+                  [[f"{x['t']} (after the run)" if x["t"] > ch["seconds"] else x["t"], f"{x['grants']:,}", f"{x['records']:,}", f"{x['live']:,}",
                     f"{x['heap'] / 1048576:,.1f} MB", f"{x['size'] / 1048576:,.1f} MB"] for x in s])]
     out.append("\nRecords stop growing once the first grants are 60 s past expiry; the space they leave is "
                "reused after autovacuum (default settings) has visited the table, so the size levels off "
@@ -152,8 +152,8 @@ def section_waiting(d):
                    r["handoffs"], met(r["p50"], lambda v: v < 5)] for r in d["handoff"]])]
     c = d["cpu"]
     out += [f"\n5b. CPU while {c[0]['waiters']} clients wait {c[0]['seconds']:g} s for a lock held all along: "
-            "utime+stime of their backends and of the one client process running their threads "
-            "(% of one core).\n",
+            "CPU time (utime+stime, read in ns from `/proc/<pid>/task/*/schedstat`) of their backends and of "
+            "the one client process running their threads, as % of one core.\n",
             table(["method", "backends % core", "client % core", "total % core", "< 5 %"],
                   [[r["method"], cell(r["backends"], 2), cell(r["client"], 2), cell(r["total"], 2),
                     met(r["total"], lambda v: v < 5)] for r in c])]
@@ -171,8 +171,8 @@ def header(meta):
         f"load average at start {meta.get('load', '?')}; {platform.system()} {platform.release()}",
         f"- PostgreSQL: {meta.get('pg', '?')}, one server on 127.0.0.1, fsync=on, synchronous_commit=on, "
         "shared_buffers=256MB, everything else default",
-        "- Timings are never pass/fail; the `met` columns only compare medians with the SPEC's targets.\n",
-    ])
+        "- Timings are never pass/fail; the `met` columns only compare medians with the SPEC's targets.",
+    ] + ([f"- note: {meta['note']}"] if meta.get("note") else []) + [""])
 
 
 def chart(data, path):
