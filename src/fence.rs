@@ -9,15 +9,15 @@
 use crate::errors::FlError;
 use crate::keys::{Key, Mode};
 use crate::lease::live_token;
-use crate::store::{now, Store};
+use crate::store::{now, read};
 use pgrx::pg_sys;
 use std::cell::RefCell;
 use std::collections::HashMap;
 
 /// Accept `token` for `name` only if it is the live lease right now.
-pub fn check(store: &Store, name: &str, token: i64) -> Result<(), FlError> {
+pub fn check(name: &str, token: i64) -> Result<(), FlError> {
     Key::fence(name).lock(Mode::Shared);
-    let live = live_token(store.read(name).as_ref(), now());
+    let live = live_token(read(name)?.as_ref(), now());
     if live == Some(token) {
         Ok(())
     } else {
@@ -28,8 +28,7 @@ pub fn check(store: &Store, name: &str, token: i64) -> Result<(), FlError> {
 /// `fenced_lock_assert`: the check, remembered for this transaction so that
 /// the guard can accept a DELETE of rows under `name`.
 pub fn assert(name: &str, token: i64) -> Result<(), FlError> {
-    let store = Store::open()?;
-    check(&store, name, token)?;
+    check(name, token)?;
     remember_assert(name, token);
     Ok(())
 }

@@ -28,7 +28,6 @@
 
 use crate::errors::FlError;
 use crate::fence;
-use crate::store::Store;
 use crate::template::Template;
 use pgrx::pg_sys;
 use pgrx::pg_sys::Datum;
@@ -113,13 +112,12 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
         let tupdesc = (*rel).rd_att;
         let guard = resolve(&table, &trigger_name, (*trigger).tgoid, &args, tupdesc)?;
 
-        let store = Store::open()?;
         match op {
             Op::Insert => {
                 let row = (*td).tg_trigtuple;
                 let name = guard.lock_name(row, tupdesc)?;
                 let token = guard.token(row, tupdesc, &name)?;
-                fence::check(&store, &name, token)?;
+                fence::check(&name, token)?;
                 Ok(Datum::from(row))
             }
             Op::Update => {
@@ -129,9 +127,9 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
                 let token = guard.token(new, tupdesc, &name)?;
                 let old_name = guard.lock_name(old, tupdesc)?;
                 if old_name != name {
-                    check_delete(&store, &old_name, "update moving a row out of")?;
+                    check_delete(&old_name, "update moving a row out of")?;
                 }
-                fence::check(&store, &name, token)?;
+                fence::check(&name, token)?;
                 if let Some(stored) = guard.stored_token(old, tupdesc) {
                     if token < stored {
                         return Err(FlError::token_goes_backwards(
@@ -147,7 +145,7 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
             Op::Delete => {
                 let old = (*td).tg_trigtuple;
                 let name = guard.lock_name(old, tupdesc)?;
-                check_delete(&store, &name, "delete under")?;
+                check_delete(&name, "delete under")?;
                 Ok(Datum::from(old))
             }
             Op::Truncate => {
@@ -161,7 +159,7 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
                     ));
                 }
                 let name = guard.template_text_name()?;
-                check_delete(&store, &name, "truncate under")?;
+                check_delete(&name, "truncate under")?;
                 Ok(Datum::from(0))
             }
         }
@@ -170,9 +168,9 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
 
 /// A delete, truncate or move away of rows under `name` needs a live token
 /// asserted in this transaction.
-fn check_delete(store: &Store, name: &str, what: &str) -> Result<(), FlError> {
+fn check_delete(name: &str, what: &str) -> Result<(), FlError> {
     match fence::asserted_token(name) {
-        Some(token) => fence::check(store, name, token),
+        Some(token) => fence::check(name, token),
         None => Err(FlError::delete_without_assert(name, what)),
     }
 }

@@ -122,7 +122,7 @@ pub fn attempt_acquire(
     let fence = Key::fence(req.name);
     fence_locked(&fence)?;
     let now = now();
-    let current = store.read(req.name);
+    let current = store.read(req.name)?;
     match decide_acquire(current.as_ref(), now, req.holder, |owner| {
         acts_for(req.caller, owner)
     }) {
@@ -215,7 +215,7 @@ pub fn renew(
     let fence = Key::fence(name);
     fence.lock(Mode::Exclusive);
     let now = now();
-    let current = store.read(name);
+    let current = store.read(name)?;
     match decide_owner_change(current.as_ref(), now, token, |owner| {
         acts_for(caller, owner)
     }) {
@@ -247,7 +247,7 @@ pub fn release(
     let fence = Key::fence(name);
     fence.lock(Mode::Exclusive);
     let now = now();
-    let current = store.read(name);
+    let current = store.read(name)?;
     match decide_owner_change(current.as_ref(), now, token, |owner| {
         acts_for(caller, owner)
     }) {
@@ -274,7 +274,7 @@ pub fn force_release(name: &str) -> Result<bool, FlError> {
     let fence = Key::fence(name);
     fence.lock(Mode::Exclusive);
     let now = now();
-    match store.read(name) {
+    match store.read(name)? {
         Some(lease) if lease.is_live(now) => {
             store.delete(name, lease.token)?;
             require_durable_commit();
@@ -290,8 +290,7 @@ pub fn force_release(name: &str) -> Result<bool, FlError> {
 
 /// `fenced_lock_validate`: a read of the latest committed state, no lock.
 pub fn validate(name: &str, token: i64) -> Result<bool, FlError> {
-    let store = Store::open()?;
-    Ok(live_token(store.read(name).as_ref(), now()) == Some(token))
+    Ok(live_token(crate::store::read(name)?.as_ref(), now()) == Some(token))
 }
 
 #[cfg(test)]

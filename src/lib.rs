@@ -49,6 +49,7 @@ extension_sql_file!(
 pub extern "C-unwind" fn _PG_init() {
     settings::register();
     durability::register();
+    store::register();
 }
 
 #[cfg(any(test, feature = "pg_test"))]

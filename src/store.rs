@@ -12,6 +12,7 @@ use crate::spi::{Connection, Statement};
 use crate::sqlfn::text_datum;
 use pgrx::pg_sys;
 use pgrx::pg_sys::Datum;
+use std::cell::Cell;
 
 pub const SCHEMA: &std::ffi::CStr = c"fenced_lock_internal";
 
@@ -64,22 +65,55 @@ pub fn acts_for(role: pg_sys::Oid, owner: pg_sys::Oid) -> bool {
     unsafe { pg_sys::has_privs_of_role(role, owner) }
 }
 
+/// The extension's objects, looked up once per backend and forgotten on any
+/// relcache invalidation of them (DROP/CREATE EXTENSION, ALTER ... OWNER).
+#[derive(Clone, Copy)]
 struct Objects {
+    table: pg_sys::Oid,
+    index: pg_sys::Oid,
     table_owner: pg_sys::Oid,
     sequence: pg_sys::Oid,
 }
 
+thread_local! {
+    static OBJECTS: Cell<Option<Objects>> = const { Cell::new(None) };
+}
+
+pub fn register() {
+    // SAFETY: called once from _PG_init.
+    unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(forget_objects), Datum::from(0)) };
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn forget_objects(_arg: Datum, relid: pg_sys::Oid) {
+    OBJECTS.with(|o| {
+        if let Some(known) = o.get() {
+            if relid == pg_sys::InvalidOid
+                || [known.table, known.index, known.sequence].contains(&relid)
+            {
+                o.set(None);
+            }
+        }
+    });
+}
+
 fn objects() -> Result<Objects, FlError> {
+    if let Some(known) = OBJECTS.with(|o| o.get()) {
+        return Ok(known);
+    }
     // SAFETY: syscache lookups; missing_ok so a dropped schema gives InvalidOid.
-    unsafe {
+    let found = unsafe {
         let nsp = pg_sys::get_namespace_oid(SCHEMA.as_ptr(), true);
         if nsp == pg_sys::InvalidOid {
             return Err(FlError::not_installed("schema fenced_lock_internal"));
         }
         let table = pg_sys::get_relname_relid(c"leases".as_ptr(), nsp);
+        let index = pg_sys::get_relname_relid(c"leases_pkey".as_ptr(), nsp);
         let sequence = pg_sys::get_relname_relid(c"token_seq".as_ptr(), nsp);
-        if table == pg_sys::InvalidOid || sequence == pg_sys::InvalidOid {
-            return Err(FlError::not_installed("the lease table or token sequence"));
+        if [table, index, sequence].contains(&pg_sys::InvalidOid) {
+            return Err(FlError::not_installed(
+                "the lease table, its key or the token sequence",
+            ));
         }
         let rel = pg_sys::RelationIdGetRelation(table);
         if rel.is_null() {
@@ -87,10 +121,75 @@ fn objects() -> Result<Objects, FlError> {
         }
         let table_owner = (*(*rel).rd_rel).relowner;
         pg_sys::RelationClose(rel);
-        Ok(Objects {
+        Objects {
+            table,
+            index,
             table_owner,
             sequence,
-        })
+        }
+    };
+    OBJECTS.with(|o| o.set(Some(found)));
+    Ok(found)
+}
+
+/// The lease record of `name` in the latest committed state (and this
+/// transaction's own changes), whatever the caller's isolation level.
+///
+/// A direct scan of the primary key: no SPI, no change of user. It is only
+/// ever called with the name's FENCE lock held (or for `validate`, which
+/// promises nothing about ordering), so the latest snapshot shows every
+/// transition of the name that can matter.
+pub fn read(name: &str) -> Result<Option<Lease>, FlError> {
+    let objects = objects()?;
+    let key_datum = text_datum(name);
+    // SAFETY: the table and index exist (looked up above, and any DROP
+    // invalidates the cache); AccessShareLock keeps them so until commit.
+    // The tuple's pass-by-reference values are copied out before endscan.
+    unsafe {
+        let rel = pg_sys::table_open(objects.table, pg_sys::AccessShareLock as i32);
+        let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
+        let mut key: pg_sys::ScanKeyData = std::mem::zeroed();
+        // ScanKeyInit compares with the C collation, the key column's own.
+        pg_sys::ScanKeyInit(
+            &mut key,
+            1,
+            pg_sys::BTEqualStrategyNumber as u16,
+            pg_sys::Oid::from(pg_sys::F_TEXTEQ),
+            key_datum,
+        );
+        let scan = pg_sys::systable_beginscan(rel, objects.index, true, snapshot, 1, &mut key);
+        let tuple = pg_sys::systable_getnext(scan);
+        let lease = if tuple.is_null() {
+            None
+        } else {
+            const NATTS: usize = 7;
+            let mut values = [Datum::from(0); NATTS];
+            let mut nulls = [false; NATTS];
+            pg_sys::heap_deform_tuple(
+                tuple,
+                (*rel).rd_att,
+                values.as_mut_ptr(),
+                nulls.as_mut_ptr(),
+            );
+            // columns: name, token, holder, owner, acquired_at, expires_at, ttl
+            Some(Lease {
+                token: values[1].value() as i64,
+                holder: if nulls[2] {
+                    None
+                } else {
+                    <String as pgrx::FromDatum>::from_datum(values[2], false)
+                },
+                owner: pg_sys::Oid::from(values[3].value() as u32),
+                expires_at: values[5].value() as i64,
+                ttl_micros: crate::sqlfn::interval_value(values[6])
+                    .total_micros()
+                    .clamp(0, i64::MAX as i128) as i64,
+            })
+        };
+        pg_sys::systable_endscan(scan);
+        pg_sys::UnregisterSnapshot(snapshot);
+        pg_sys::table_close(rel, pg_sys::NoLock as i32);
+        Ok(lease)
     }
 }
 
@@ -130,21 +229,8 @@ impl Store {
         &self.spi
     }
 
-    pub fn read(&self, name: &str) -> Option<Lease> {
-        let rows = self.spi.run(&READ, &[Some(text_datum(name))]);
-        if rows.is_empty() {
-            return None;
-        }
-        Some(Lease {
-            token: rows.i64(0, 1).expect("token is NOT NULL"),
-            holder: rows.text(0, 2),
-            owner: rows.oid(0, 3).expect("owner is NOT NULL"),
-            expires_at: rows.i64(0, 4).expect("expires_at is NOT NULL"),
-            ttl_micros: rows
-                .interval(0, 5)
-                .map(|iv| iv.total_micros().clamp(0, i64::MAX as i128) as i64)
-                .expect("ttl is NOT NULL"),
-        })
+    pub fn read(&self, name: &str) -> Result<Option<Lease>, FlError> {
+        read(name)
     }
 
     pub fn next_token(&self) -> i64 {
@@ -257,13 +343,6 @@ const I8: pg_sys::Oid = pg_sys::INT8OID;
 const TS: pg_sys::Oid = pg_sys::TIMESTAMPTZOID;
 const IV: pg_sys::Oid = pg_sys::INTERVALOID;
 const ROLE: pg_sys::Oid = pg_sys::REGROLEOID;
-
-static READ: Statement = Statement {
-    sql: "SELECT token, holder, owner, expires_at, ttl FROM fenced_lock_internal.leases \
-          WHERE name OPERATOR(pg_catalog.=) $1",
-    args: &[T],
-    read_only: true,
-};
 
 static INSERT: Statement = Statement {
     sql: "INSERT INTO fenced_lock_internal.leases (name, token, holder, owner, acquired_at, expires_at, ttl) \
