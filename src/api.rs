@@ -71,20 +71,11 @@ impl AcquireArgs {
         // SAFETY: the acquires are (name text, ttl interval, ..., holder text).
         unsafe {
             let name = name_arg(fcinfo, function)?;
-            let (ttl, ttl_micros) = required(
-                ttl_arg(fcinfo, 1, function, &name)?,
-                function,
-                "ttl",
-                Some(&name),
-            )?;
+            let (ttl, ttl_micros) =
+                required(ttl_arg(fcinfo, 1, function, &name)?, function, "ttl", Some(&name))?;
             let holder = arg_text(fcinfo, holder_arg);
             check_holder(function, &name, holder.as_deref())?;
-            Ok(AcquireArgs {
-                name,
-                ttl,
-                ttl_micros,
-                holder,
-            })
+            Ok(AcquireArgs { name, ttl, ttl_micros, holder })
         }
     }
 
@@ -117,9 +108,7 @@ unsafe fn acquire(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
         let args = AcquireArgs::read(fcinfo, F, 3)?;
         let wait = match arg_interval(fcinfo, 2) {
             None => None,
-            Some((value, datum)) => {
-                Some(check_wait(F, &args.name, value, || interval_text(datum))?)
-            }
+            Some((value, datum)) => Some(check_wait(F, &args.name, value, || interval_text(datum))?),
         };
         crate::waiting::acquire(&args.request(), wait).map(return_i64)
     }
@@ -197,9 +186,7 @@ unsafe fn may_see(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
     let owner = unsafe { arg_datum(fcinfo, 0) };
     let me = current_role();
     let visible = match owner {
-        Some(o) => {
-            crate::store::acts_for(me, pg_sys::Oid::from(o.value() as u32)) || is_operator(me)
-        }
+        Some(o) => crate::store::acts_for(me, pg_sys::Oid::from(o.value() as u32)) || is_operator(me),
         None => is_operator(me),
     };
     Ok(return_bool(visible))

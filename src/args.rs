@@ -20,11 +20,7 @@ pub struct IntervalValue {
 
 impl IntervalValue {
     pub fn from_micros(micros: i64) -> Self {
-        IntervalValue {
-            months: 0,
-            days: 0,
-            micros,
-        }
+        IntervalValue { months: 0, days: 0, micros }
     }
 
     /// Length in microseconds, without overflow (a month is 30 days, a day 24 hours).
@@ -49,9 +45,7 @@ pub fn check_name(function: &str, name: &str) -> Result<(), FlError> {
 /// A holder: NULL or at most 512 bytes.
 pub fn check_holder(function: &str, name: &str, holder: Option<&str>) -> Result<(), FlError> {
     match holder {
-        Some(h) if h.len() > MAX_HOLDER_BYTES => {
-            Err(FlError::holder_too_long(function, name, h.len()))
-        }
+        Some(h) if h.len() > MAX_HOLDER_BYTES => Err(FlError::holder_too_long(function, name, h.len())),
         _ => Ok(()),
     }
 }
@@ -112,15 +106,9 @@ mod tests {
 
     #[test]
     fn names_must_be_non_empty_and_at_most_512_bytes() {
-        assert_eq!(
-            check_name("f", "").unwrap_err().sqlstate,
-            INVALID_PARAMETER_VALUE
-        );
+        assert_eq!(check_name("f", "").unwrap_err().sqlstate, INVALID_PARAMETER_VALUE);
         assert!(check_name("f", &"a".repeat(512)).is_ok());
-        assert_eq!(
-            check_name("f", &"a".repeat(513)).unwrap_err().sqlstate,
-            INVALID_PARAMETER_VALUE
-        );
+        assert_eq!(check_name("f", &"a".repeat(513)).unwrap_err().sqlstate, INVALID_PARAMETER_VALUE);
         // bytes, not characters: 256 two-byte characters are 512 bytes
         assert!(check_name("f", &"é".repeat(256)).is_ok());
         assert!(check_name("f", &format!("{}a", "é".repeat(256))).is_err());
@@ -129,61 +117,35 @@ mod tests {
     #[test]
     fn ttl_must_be_positive_and_within_max_ttl() {
         assert_eq!(
-            check_ttl("f", "n", secs(0), || "0".to_string(), DAY)
-                .unwrap_err()
-                .sqlstate,
+            check_ttl("f", "n", secs(0), || "0".to_string(), DAY).unwrap_err().sqlstate,
             INVALID_PARAMETER_VALUE
         );
         assert_eq!(
-            check_ttl("f", "n", secs(-1), || "-1".to_string(), DAY)
-                .unwrap_err()
-                .sqlstate,
+            check_ttl("f", "n", secs(-1), || "-1".to_string(), DAY).unwrap_err().sqlstate,
             INVALID_PARAMETER_VALUE
         );
-        assert_eq!(
-            check_ttl("f", "n", secs(30), || "30".to_string(), DAY),
-            Ok(30 * USECS_PER_SEC)
-        );
-        assert_eq!(
-            check_ttl("f", "n", secs(DAY), || "1 day".to_string(), DAY),
-            Ok(DAY * USECS_PER_SEC)
-        );
+        assert_eq!(check_ttl("f", "n", secs(30), || "30".to_string(), DAY), Ok(30 * USECS_PER_SEC));
+        assert_eq!(check_ttl("f", "n", secs(DAY), || "1 day".to_string(), DAY), Ok(DAY * USECS_PER_SEC));
         assert!(check_ttl("f", "n", secs(DAY + 1), || "x".to_string(), DAY).is_err());
         let one_microsecond = IntervalValue::from_micros(1);
-        assert_eq!(
-            check_ttl("f", "n", one_microsecond, || "1us".to_string(), DAY),
-            Ok(1)
-        );
+        assert_eq!(check_ttl("f", "n", one_microsecond, || "1us".to_string(), DAY), Ok(1));
     }
 
     #[test]
     fn interval_fields_are_combined_without_overflow() {
-        let huge = IntervalValue {
-            months: i32::MAX,
-            days: i32::MAX,
-            micros: i64::MAX,
-        };
+        let huge = IntervalValue { months: i32::MAX, days: i32::MAX, micros: i64::MAX };
         assert!(huge.total_micros() > i64::MAX as i128);
         assert!(check_ttl("f", "n", huge, || "huge".to_string(), i32::MAX as i64).is_err());
-        let negative_months = IntervalValue {
-            months: -1,
-            days: 31,
-            micros: 0,
-        };
+        let negative_months = IntervalValue { months: -1, days: 31, micros: 0 };
         assert_eq!(negative_months.total_micros(), USECS_PER_DAY);
-        assert_eq!(
-            check_wait("f", "n", huge, || "huge".to_string()),
-            Ok(i64::MAX)
-        );
+        assert_eq!(check_wait("f", "n", huge, || "huge".to_string()), Ok(i64::MAX));
     }
 
     #[test]
     fn wait_may_be_zero_but_not_negative() {
         assert_eq!(check_wait("f", "n", secs(0), || "0".to_string()), Ok(0));
         assert_eq!(
-            check_wait("f", "n", secs(-5), || "-5".to_string())
-                .unwrap_err()
-                .sqlstate,
+            check_wait("f", "n", secs(-5), || "-5".to_string()).unwrap_err().sqlstate,
             INVALID_PARAMETER_VALUE
         );
     }
@@ -193,10 +155,7 @@ mod tests {
         assert!(check_token("f", "n", 1).is_ok());
         assert!(check_token("f", "n", i64::MAX).is_ok());
         for bad in [0, -1, i64::MIN] {
-            assert_eq!(
-                check_token("f", "n", bad).unwrap_err().sqlstate,
-                INVALID_PARAMETER_VALUE
-            );
+            assert_eq!(check_token("f", "n", bad).unwrap_err().sqlstate, INVALID_PARAMETER_VALUE);
         }
     }
 

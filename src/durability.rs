@@ -25,10 +25,7 @@ pub fn require_durable_commit() {
 }
 
 #[pgrx::pg_guard]
-unsafe extern "C-unwind" fn on_xact_event(
-    event: pg_sys::XactEvent::Type,
-    _arg: *mut std::ffi::c_void,
-) {
+unsafe extern "C-unwind" fn on_xact_event(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
     match event {
         pg_sys::XactEvent::XACT_EVENT_PRE_COMMIT
             if MUST_FLUSH.with(|m| m.get())

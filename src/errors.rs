@@ -81,12 +81,7 @@ fn token_text(token: Option<i64>) -> String {
 
 impl FlError {
     fn new(sqlstate: &'static str, message: String) -> Self {
-        FlError {
-            sqlstate,
-            message,
-            detail: None,
-            hint: None,
-        }
+        FlError { sqlstate, message, detail: None, hint: None }
     }
 
     fn detail(mut self, detail: impl Into<String>) -> Self {
@@ -115,11 +110,8 @@ impl FlError {
     }
 
     pub fn empty_name(function: &str) -> Self {
-        Self::new(
-            sqlstate::INVALID_PARAMETER_VALUE,
-            format!("{function}: lock name \"\" is empty"),
-        )
-        .hint("A lock name is non-empty text of at most 512 bytes.")
+        Self::new(sqlstate::INVALID_PARAMETER_VALUE, format!("{function}: lock name \"\" is empty"))
+            .hint("A lock name is non-empty text of at most 512 bytes.")
     }
 
     pub fn name_too_long(function: &str, name: &str) -> Self {
@@ -148,10 +140,7 @@ impl FlError {
     pub fn ttl_not_positive(function: &str, name: &str, ttl: &str) -> Self {
         Self::new(
             sqlstate::INVALID_PARAMETER_VALUE,
-            format!(
-                "{function}: ttl {ttl} for lock {} is not positive",
-                quote_name(name)
-            ),
+            format!("{function}: ttl {ttl} for lock {} is not positive", quote_name(name)),
         )
         .hint("Pass a ttl greater than zero, such as '30 seconds'.")
     }
@@ -170,10 +159,7 @@ impl FlError {
     pub fn wait_negative(function: &str, name: &str, wait: &str) -> Self {
         Self::new(
             sqlstate::INVALID_PARAMETER_VALUE,
-            format!(
-                "{function}: wait {wait} for lock {} is negative",
-                quote_name(name)
-            ),
+            format!("{function}: wait {wait} for lock {} is negative", quote_name(name)),
         )
         .hint("Pass a wait of zero or more, or NULL to wait until granted.")
     }
@@ -181,10 +167,7 @@ impl FlError {
     pub fn token_not_positive(function: &str, name: &str, token: i64) -> Self {
         Self::new(
             sqlstate::INVALID_PARAMETER_VALUE,
-            format!(
-                "{function}: token {token} for lock {} is not positive",
-                quote_name(name)
-            ),
+            format!("{function}: token {token} for lock {} is not positive", quote_name(name)),
         )
         .hint("Fencing tokens are greater than zero; pass the token your acquire returned.")
     }
@@ -194,10 +177,7 @@ impl FlError {
     pub fn not_owner(function: &str, name: &str, token: i64, owner: &str) -> Self {
         Self::new(
             sqlstate::INSUFFICIENT_PRIVILEGE,
-            format!(
-                "{function}: lease {token} of lock {} belongs to role \"{owner}\"",
-                quote_name(name)
-            ),
+            format!("{function}: lease {token} of lock {} belongs to role \"{owner}\"", quote_name(name)),
         )
         .hint("Only the role that acquired a lease (or a member of it) may renew or release it.")
     }
@@ -205,10 +185,7 @@ impl FlError {
     pub fn not_operator(function: &str, name: &str) -> Self {
         Self::new(
             sqlstate::INSUFFICIENT_PRIVILEGE,
-            format!(
-                "{function}: permission denied to force release lock {}",
-                quote_name(name)
-            ),
+            format!("{function}: permission denied to force release lock {}", quote_name(name)),
         )
         .hint("Force release needs a superuser or a member of the role named in fenced_lock.operator_role.")
     }
@@ -278,10 +255,7 @@ impl FlError {
     pub fn delete_without_assert(name: &str, what: &str) -> Self {
         Self::new(
             sqlstate::MISSING_TOKEN,
-            format!(
-                "guarded {what} lock {} without a fencing token",
-                quote_name(name)
-            ),
+            format!("guarded {what} lock {} without a fencing token", quote_name(name)),
         )
         .hint(format!(
             "Call fenced_lock_assert({}, <token>) in the same transaction first.",
@@ -304,12 +278,11 @@ impl FlError {
     pub fn wait_timeout(name: &str, waited_ms: i64) -> Self {
         Self::new(
             sqlstate::LOCK_NOT_AVAILABLE,
-            format!(
-                "fenced_lock_acquire: lock {} not granted within {waited_ms} ms",
-                quote_name(name)
-            ),
+            format!("fenced_lock_acquire: lock {} not granted within {waited_ms} ms", quote_name(name)),
         )
-        .hint("Another holder has the lease; retry later, pass a longer wait, or use fenced_lock_try_acquire.")
+        .hint(
+            "Another holder has the lease; retry later, pass a longer wait, or use fenced_lock_try_acquire.",
+        )
     }
 
     // ---- trigger misuse (39P01, 22023, 42703, 42804, 22004) ---------------
@@ -396,11 +369,9 @@ impl FlError {
     // ---- installation ------------------------------------------------------
 
     pub fn not_installed(what: &str) -> Self {
-        Self::new(
-            sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE,
-            format!("fenced_lock: {what} is missing"),
+        Self::new(sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE, format!("fenced_lock: {what} is missing")).hint(
+            "Run CREATE EXTENSION fenced_lock in this database (or ALTER EXTENSION fenced_lock UPDATE).",
         )
-        .hint("Run CREATE EXTENSION fenced_lock in this database (or ALTER EXTENSION fenced_lock UPDATE).")
     }
 }
 
@@ -427,13 +398,9 @@ mod tests {
         // ERRCODE_INVALID_PARAMETER_VALUE in PostgreSQL's errcodes.h
         assert_eq!(encode_sqlstate("22023"), 50856066);
         // round trip: decode what we encoded
-        for code in [
-            "FL001", "FL002", "55P03", "22004", "22023", "42501", "39P01", "42703", "42804",
-        ] {
+        for code in ["FL001", "FL002", "55P03", "22004", "22023", "42501", "39P01", "42703", "42804"] {
             let v = encode_sqlstate(code);
-            let decoded: String = (0..5)
-                .map(|i| (((v >> (6 * i)) & 0x3F) as u8 + b'0') as char)
-                .collect();
+            let decoded: String = (0..5).map(|i| (((v >> (6 * i)) & 0x3F) as u8 + b'0') as char).collect();
             assert_eq!(decoded, code);
         }
     }

@@ -79,16 +79,12 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
         let rel = (*td).tg_relation;
         let trigger = (*td).tg_trigger;
         let table = name_data(&(*(*rel).rd_rel).relname);
-        let trigger_name = CStr::from_ptr((*trigger).tgname)
-            .to_string_lossy()
-            .into_owned();
+        let trigger_name = CStr::from_ptr((*trigger).tgname).to_string_lossy().into_owned();
 
         let timing = event & pg_sys::TRIGGER_EVENT_TIMINGMASK;
         let row_level = event & pg_sys::TRIGGER_EVENT_ROW != 0;
         let op_bits = event & pg_sys::TRIGGER_EVENT_OPMASK;
-        let op = if op_bits == pg_sys::TRIGGER_EVENT_TRUNCATE
-            && timing == pg_sys::TRIGGER_EVENT_BEFORE
-        {
+        let op = if op_bits == pg_sys::TRIGGER_EVENT_TRUNCATE && timing == pg_sys::TRIGGER_EVENT_BEFORE {
             // TRUNCATE fires statement-level triggers only.
             Op::Truncate
         } else if timing != pg_sys::TRIGGER_EVENT_BEFORE || !row_level {
@@ -103,11 +99,7 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
         };
 
         let args: Vec<String> = (0..(*trigger).tgnargs as usize)
-            .map(|i| {
-                CStr::from_ptr(*(*trigger).tgargs.add(i))
-                    .to_string_lossy()
-                    .into_owned()
-            })
+            .map(|i| CStr::from_ptr(*(*trigger).tgargs.add(i)).to_string_lossy().into_owned())
             .collect();
         let tupdesc = (*rel).rd_att;
         let guard = resolve(&table, &trigger_name, (*trigger).tgoid, &args, tupdesc)?;
@@ -132,12 +124,7 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
                 fence::check(&name, token)?;
                 if let Some(stored) = guard.stored_token(old, tupdesc) {
                     if token < stored {
-                        return Err(FlError::token_goes_backwards(
-                            &name,
-                            token,
-                            stored,
-                            Some(token),
-                        ));
+                        return Err(FlError::token_goes_backwards(&name, token, stored, Some(token)));
                     }
                 }
                 Ok(Datum::from(new))
@@ -153,10 +140,7 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
                 // transaction that asserted that lock; per-row locks cannot
                 // all be checked by one statement.
                 if !guard.template.columns().is_empty() {
-                    return Err(FlError::guard_truncate_per_row(
-                        &table,
-                        &guard.template_text,
-                    ));
+                    return Err(FlError::guard_truncate_per_row(&table, &guard.template_text));
                 }
                 let name = guard.template_text_name()?;
                 check_delete(&name, "truncate under")?;
@@ -195,9 +179,7 @@ unsafe fn resolve(
         }
         let t = Template::parse(&template_text)
             .map_err(|problem| FlError::guard_bad_template(table, trigger, &problem))?;
-        cache
-            .borrow_mut()
-            .insert(tgoid, (template_text.clone(), t.clone()));
+        cache.borrow_mut().insert(tgoid, (template_text.clone(), t.clone()));
         Ok(t)
     })?;
 
@@ -211,10 +193,7 @@ unsafe fn resolve(
         canonical |= !text_form_is_fixed(unsafe { pg_sys::SPI_gettypeid(tupdesc, attnum) });
         columns.insert(c.to_string(), attnum);
     }
-    let token_column = args
-        .get(1)
-        .cloned()
-        .unwrap_or_else(|| DEFAULT_TOKEN_COLUMN.to_string());
+    let token_column = args.get(1).cloned().unwrap_or_else(|| DEFAULT_TOKEN_COLUMN.to_string());
     // SAFETY: as above.
     let token_attnum = unsafe { attnum(tupdesc, &token_column) }
         .ok_or_else(|| FlError::guard_missing_column(table, trigger, &token_column, "token"))?;
@@ -222,17 +201,8 @@ unsafe fn resolve(
     let typ = unsafe { pg_sys::SPI_gettypeid(tupdesc, token_attnum) };
     if typ != pg_sys::INT8OID {
         // SAFETY: format_type_be returns a palloc'd C string.
-        let found = unsafe {
-            CStr::from_ptr(pg_sys::format_type_be(typ))
-                .to_string_lossy()
-                .into_owned()
-        };
-        return Err(FlError::guard_token_not_bigint(
-            table,
-            trigger,
-            &token_column,
-            &found,
-        ));
+        let found = unsafe { CStr::from_ptr(pg_sys::format_type_be(typ)).to_string_lossy().into_owned() };
+        return Err(FlError::guard_token_not_bigint(table, trigger, &token_column, &found));
     }
     Ok(Guard {
         table: table.to_string(),
@@ -347,9 +317,7 @@ impl Guard {
                     Ok(None)
                 } else {
                     // SAFETY: non-null C string.
-                    Ok(Some(
-                        unsafe { CStr::from_ptr(v) }.to_string_lossy().into_owned(),
-                    ))
+                    Ok(Some(unsafe { CStr::from_ptr(v) }.to_string_lossy().into_owned()))
                 }
             },
             |column| FlError::guard_null_template_value(&self.table, column, &self.template_text),
@@ -360,9 +328,7 @@ impl Guard {
 
     /// The lock name of a template without columns (guarding the whole table).
     fn template_text_name(&self) -> Result<String, FlError> {
-        let name = self
-            .template
-            .render(|_| Ok::<_, FlError>(None), |_| unreachable!("no columns"))?;
+        let name = self.template.render(|_| Ok::<_, FlError>(None), |_| unreachable!("no columns"))?;
         self.checked_name(name)
     }
 
@@ -384,11 +350,7 @@ impl Guard {
             .ok_or_else(|| FlError::missing_token(name, &self.token_column))
     }
 
-    unsafe fn stored_token(
-        &self,
-        row: pg_sys::HeapTuple,
-        tupdesc: pg_sys::TupleDesc,
-    ) -> Option<i64> {
+    unsafe fn stored_token(&self, row: pg_sys::HeapTuple, tupdesc: pg_sys::TupleDesc) -> Option<i64> {
         let mut isnull = false;
         // SAFETY: token_attnum is a bigint column of tupdesc.
         let d = unsafe { pg_sys::SPI_getbinval(row, tupdesc, self.token_attnum, &mut isnull) };
@@ -398,7 +360,5 @@ impl Guard {
 
 fn name_data(n: &pg_sys::NameData) -> String {
     // SAFETY: NameData is a NUL-terminated fixed-size C string.
-    unsafe { CStr::from_ptr(n.data.as_ptr()) }
-        .to_string_lossy()
-        .into_owned()
+    unsafe { CStr::from_ptr(n.data.as_ptr()) }.to_string_lossy().into_owned()
 }

@@ -40,9 +40,7 @@ pub fn decide_acquire(
         Some(l) if holder.is_some() && l.holder.as_deref() == holder && acts_for_owner(l.owner) => {
             AcquireDecision::Extend { token: l.token }
         }
-        Some(l) => AcquireDecision::Busy {
-            expires_at: l.expires_at,
-        },
+        Some(l) => AcquireDecision::Busy { expires_at: l.expires_at },
     }
 }
 
@@ -101,7 +99,7 @@ pub enum Attempt {
 const REAP_AFTER_MICROS: i64 = 60 * 1_000_000;
 /// Every this many grants a backend removes up to `REAP_BATCH` old records.
 const REAP_EVERY: u32 = 8;
-const REAP_BATCH: i64 = 16;
+const REAP_BATCH: usize = 16;
 
 thread_local! {
     static GRANTS: Cell<u32> = const { Cell::new(0) };
@@ -123,11 +121,10 @@ pub fn attempt_acquire(
     fence_locked(&fence)?;
     let now = now();
     let current = store.read(req.name)?;
-    match decide_acquire(current.as_ref(), now, req.holder, |owner| {
-        acts_for(req.caller, owner)
-    }) {
+    match decide_acquire(current.as_ref(), now, req.holder, |owner| acts_for(req.caller, owner)) {
         AcquireDecision::Extend { token } => {
-            store.extend(req.name, token, now, req.ttl_micros)?;
+            let lease = current.as_ref().expect("Extend implies a record");
+            store.extend(req.name, lease, now, req.ttl_micros)?;
             require_durable_commit();
             Ok(Attempt::Granted(token))
         }
@@ -137,25 +134,15 @@ pub fn attempt_acquire(
                 return Ok(Attempt::Busy { expires_at: None });
             }
             let token = store.next_token();
-            store.grant(
-                req.name,
-                replaces,
-                token,
-                req.holder,
-                req.caller,
-                now,
-                req.ttl,
-                req.ttl_micros,
-            )?;
+            let replaces = current.as_ref().filter(|_| replaces).map(|l| l.tid);
+            store.grant(req.name, replaces, token, req.holder, req.caller, now, req.ttl, req.ttl_micros)?;
             require_durable_commit();
-            reap_now_and_then(store, now);
+            reap_now_and_then(store, now)?;
             Ok(Attempt::Granted(token))
         }
         AcquireDecision::Busy { expires_at } => {
             fence.unlock(Mode::Exclusive);
-            Ok(Attempt::Busy {
-                expires_at: Some(expires_at),
-            })
+            Ok(Attempt::Busy { expires_at: Some(expires_at) })
         }
     }
 }
@@ -179,15 +166,16 @@ fn in_transaction_block() -> bool {
     unsafe { pg_sys::IsTransactionBlock() }
 }
 
-fn reap_now_and_then(store: &Store, now: i64) {
+fn reap_now_and_then(store: &Store, now: i64) -> Result<(), FlError> {
     let n = GRANTS.with(|g| {
         let n = g.get().wrapping_add(1);
         g.set(n);
         n
     });
     if n.is_multiple_of(REAP_EVERY) && !in_transaction_block() {
-        store.reap(now - REAP_AFTER_MICROS, REAP_BATCH);
+        store.reap(now - REAP_AFTER_MICROS, REAP_BATCH)?;
     }
+    Ok(())
 }
 
 /// `fenced_lock_try_acquire`.
@@ -216,12 +204,10 @@ pub fn renew(
     fence.lock(Mode::Exclusive);
     let now = now();
     let current = store.read(name)?;
-    match decide_owner_change(current.as_ref(), now, token, |owner| {
-        acts_for(caller, owner)
-    }) {
+    match decide_owner_change(current.as_ref(), now, token, |owner| acts_for(caller, owner)) {
         OwnerDecision::Apply => {
-            let granted_ttl = current.expect("Apply implies a record").ttl_micros;
-            store.extend(name, token, now, ttl_micros.unwrap_or(granted_ttl))?;
+            let lease = current.as_ref().expect("Apply implies a record");
+            store.extend(name, lease, now, ttl_micros.unwrap_or(lease.ttl_micros))?;
             require_durable_commit();
             Ok(true)
         }
@@ -237,22 +223,15 @@ pub fn renew(
 }
 
 /// `fenced_lock_release`.
-pub fn release(
-    function: &str,
-    name: &str,
-    token: i64,
-    caller: pg_sys::Oid,
-) -> Result<bool, FlError> {
+pub fn release(function: &str, name: &str, token: i64, caller: pg_sys::Oid) -> Result<bool, FlError> {
     let store = Store::open()?;
     let fence = Key::fence(name);
     fence.lock(Mode::Exclusive);
     let now = now();
     let current = store.read(name)?;
-    match decide_owner_change(current.as_ref(), now, token, |owner| {
-        acts_for(caller, owner)
-    }) {
+    match decide_owner_change(current.as_ref(), now, token, |owner| acts_for(caller, owner)) {
         OwnerDecision::Apply => {
-            store.delete(name, token)?;
+            store.delete(name, current.as_ref().expect("Apply implies a record"))?;
             require_durable_commit();
             Key::queue(name).wake_holders();
             Ok(true)
@@ -276,7 +255,7 @@ pub fn force_release(name: &str) -> Result<bool, FlError> {
     let now = now();
     match store.read(name)? {
         Some(lease) if lease.is_live(now) => {
-            store.delete(name, lease.token)?;
+            store.delete(name, &lease)?;
             require_durable_commit();
             Key::queue(name).wake_holders();
             Ok(true)
@@ -302,6 +281,7 @@ mod tests {
 
     fn lease(token: i64, holder: Option<&str>, owner: u32, expires_at: i64) -> Lease {
         Lease {
+            tid: Default::default(),
             token,
             holder: holder.map(String::from),
             owner: pg_sys::Oid::from(owner),
@@ -316,10 +296,7 @@ mod tests {
 
     #[test]
     fn free_name_is_granted() {
-        assert_eq!(
-            decide_acquire(None, 10, None, same(ALICE)),
-            AcquireDecision::Grant { replaces: false }
-        );
+        assert_eq!(decide_acquire(None, 10, None, same(ALICE)), AcquireDecision::Grant { replaces: false });
     }
 
     #[test]
@@ -370,27 +347,15 @@ mod tests {
     #[test]
     fn expired_lease_is_never_revived_by_renew_or_release() {
         let l = lease(5, None, ALICE, 100);
-        assert_eq!(
-            decide_owner_change(Some(&l), 100, 5, same(ALICE)),
-            OwnerDecision::NotLive
-        );
-        assert_eq!(
-            decide_owner_change(Some(&l), 99, 5, same(ALICE)),
-            OwnerDecision::Apply
-        );
+        assert_eq!(decide_owner_change(Some(&l), 100, 5, same(ALICE)), OwnerDecision::NotLive);
+        assert_eq!(decide_owner_change(Some(&l), 99, 5, same(ALICE)), OwnerDecision::Apply);
     }
 
     #[test]
     fn renew_of_a_superseded_token_is_not_live() {
         let l = lease(6, None, ALICE, 100);
-        assert_eq!(
-            decide_owner_change(Some(&l), 50, 5, same(ALICE)),
-            OwnerDecision::NotLive
-        );
-        assert_eq!(
-            decide_owner_change(None, 50, 5, same(ALICE)),
-            OwnerDecision::NotLive
-        );
+        assert_eq!(decide_owner_change(Some(&l), 50, 5, same(ALICE)), OwnerDecision::NotLive);
+        assert_eq!(decide_owner_change(None, 50, 5, same(ALICE)), OwnerDecision::NotLive);
     }
 
     #[test]
@@ -398,9 +363,7 @@ mod tests {
         let l = lease(6, None, ALICE, 100);
         assert_eq!(
             decide_owner_change(Some(&l), 50, 6, same(BOB)),
-            OwnerDecision::NotOwner {
-                owner: pg_sys::Oid::from(ALICE)
-            }
+            OwnerDecision::NotOwner { owner: pg_sys::Oid::from(ALICE) }
         );
     }
 

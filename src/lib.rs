@@ -39,11 +39,7 @@ pub mod template;
 pub mod token;
 pub mod waiting;
 
-extension_sql_file!(
-    "../sql/fenced_lock.sql",
-    name = "fenced_lock_objects",
-    bootstrap
-);
+extension_sql_file!("../sql/fenced_lock.sql", name = "fenced_lock_objects", bootstrap);
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {

@@ -31,8 +31,7 @@ pub fn register() {
     // built-in default, not to the administrator's lower value. Detect that and
     // refuse lease requests in this session rather than grant longer leases
     // than allowed.
-    let had_startup_value =
-        reset_source(MAX_TTL_NAME).is_some_and(|s| s != pg_sys::GucSource::PGC_S_DEFAULT);
+    let had_startup_value = reset_source(MAX_TTL_NAME).is_some_and(|s| s != pg_sys::GucSource::PGC_S_DEFAULT);
     GucRegistry::define_int_guc(
         MAX_TTL_NAME,
         c"Longest ttl a fenced_lock lease may be granted or renewed for.",
@@ -65,10 +64,8 @@ fn reset_source(name: &CStr) -> Option<pg_sys::GucSource::Type> {
         let vars = pg_sys::get_guc_variables();
         let n = pg_sys::GetNumConfigOptions() as usize;
         (0..n).map(|i| *vars.add(i)).find_map(|v| {
-            (CStr::from_ptr((*v).name)
-                .to_bytes()
-                .eq_ignore_ascii_case(name.to_bytes()))
-            .then(|| (*v).reset_source)
+            (CStr::from_ptr((*v).name).to_bytes().eq_ignore_ascii_case(name.to_bytes()))
+                .then(|| (*v).reset_source)
         })
     }
 }

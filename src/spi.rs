@@ -31,7 +31,7 @@ pub struct Connection {
     _private: (),
 }
 
-/// The row set of the last statement, valid until the next statement.
+/// What the last statement did: how many rows it affected.
 pub struct Rows {
     count: usize,
 }
@@ -73,18 +73,11 @@ impl Connection {
 
     /// Run `stmt` with `args` (`None` is SQL NULL) against the latest snapshot.
     pub fn run(&self, stmt: &'static Statement, args: &[Option<Datum>]) -> Rows {
-        assert_eq!(
-            args.len(),
-            stmt.args.len(),
-            "wrong argument count for {}",
-            stmt.sql
-        );
+        assert_eq!(args.len(), stmt.args.len(), "wrong argument count for {}", stmt.sql);
         let plan = self.plan(stmt);
         let mut values: Vec<Datum> = args.iter().map(|a| a.unwrap_or(Datum::from(0))).collect();
-        let nulls: Vec<std::ffi::c_char> = args
-            .iter()
-            .map(|a| if a.is_some() { b' ' } else { b'n' } as std::ffi::c_char)
-            .collect();
+        let nulls: Vec<std::ffi::c_char> =
+            args.iter().map(|a| if a.is_some() { b' ' } else { b'n' } as std::ffi::c_char).collect();
         // SAFETY: values/nulls have one entry per plan parameter. The latest
         // snapshot is copied by SPI when it pushes it as the active snapshot.
         let rc = unsafe {
@@ -108,9 +101,7 @@ impl Connection {
             unsafe { pg_sys::CommandCounterIncrement() };
         }
         // SAFETY: SPI_processed is set by the call above.
-        Rows {
-            count: unsafe { pg_sys::SPI_processed } as usize,
-        }
+        Rows { count: unsafe { pg_sys::SPI_processed } as usize }
     }
 }
 
@@ -130,44 +121,5 @@ impl Rows {
 
     pub fn is_empty(&self) -> bool {
         self.count == 0
-    }
-
-    /// Column `col` (1-based) of row `row` as a raw datum, `None` for NULL.
-    /// Pass-by-reference datums live until the connection closes: copy them out.
-    pub fn datum(&self, row: usize, col: i32) -> Option<Datum> {
-        assert!(row < self.count);
-        // SAFETY: SPI_tuptable holds `count` rows of the last statement.
-        unsafe {
-            let table = pg_sys::SPI_tuptable;
-            let tuple = *(*table).vals.add(row);
-            let mut isnull = false;
-            let d = pg_sys::SPI_getbinval(tuple, (*table).tupdesc, col, &mut isnull);
-            if isnull {
-                None
-            } else {
-                Some(d)
-            }
-        }
-    }
-
-    pub fn i64(&self, row: usize, col: i32) -> Option<i64> {
-        self.datum(row, col).map(|d| d.value() as i64)
-    }
-
-    pub fn oid(&self, row: usize, col: i32) -> Option<pg_sys::Oid> {
-        self.datum(row, col)
-            .map(|d| pg_sys::Oid::from(d.value() as u32))
-    }
-
-    pub fn text(&self, row: usize, col: i32) -> Option<String> {
-        // SAFETY: the column is of type text; the datum is valid until SPI_finish.
-        self.datum(row, col)
-            .map(|d| unsafe { <String as pgrx::FromDatum>::from_datum(d, false).unwrap() })
-    }
-
-    pub fn interval(&self, row: usize, col: i32) -> Option<crate::args::IntervalValue> {
-        // SAFETY: the column is of type interval, a pointer to an Interval struct.
-        self.datum(row, col)
-            .map(|d| unsafe { crate::sqlfn::interval_value(d) })
     }
 }

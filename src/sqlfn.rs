@@ -19,8 +19,7 @@ macro_rules! sql_function {
         #[no_mangle]
         #[doc(hidden)]
         pub extern "C" fn $finfo() -> &'static ::pgrx::pg_sys::Pg_finfo_record {
-            const V1: ::pgrx::pg_sys::Pg_finfo_record =
-                ::pgrx::pg_sys::Pg_finfo_record { api_version: 1 };
+            const V1: ::pgrx::pg_sys::Pg_finfo_record = ::pgrx::pg_sys::Pg_finfo_record { api_version: 1 };
             &V1
         }
 
@@ -76,11 +75,7 @@ pub unsafe fn raise(error: FlError) -> ! {
             pg_sys::pstrdup(c.as_ptr())
         };
         let m = to_pg(&error.message);
-        let d = error
-            .detail
-            .as_deref()
-            .map(to_pg)
-            .unwrap_or(std::ptr::null());
+        let d = error.detail.as_deref().map(to_pg).unwrap_or(std::ptr::null());
         let h = error.hint.as_deref().map(to_pg).unwrap_or(std::ptr::null());
         pg_sys::MemoryContextSwitchTo(old);
         (m, d, h)
@@ -131,10 +126,7 @@ pub unsafe fn arg_i64(fcinfo: pg_sys::FunctionCallInfo, n: usize) -> Option<i64>
 /// An interval argument: its fields and its datum.
 /// # Safety
 /// `fcinfo` is the valid call info of a function declared as in `sql/fenced_lock.sql`.
-pub unsafe fn arg_interval(
-    fcinfo: pg_sys::FunctionCallInfo,
-    n: usize,
-) -> Option<(IntervalValue, Datum)> {
+pub unsafe fn arg_interval(fcinfo: pg_sys::FunctionCallInfo, n: usize) -> Option<(IntervalValue, Datum)> {
     // SAFETY: argument n is declared as interval.
     unsafe { arg_datum(fcinfo, n).map(|d| (interval_value(d), d)) }
 }
@@ -146,11 +138,7 @@ pub unsafe fn arg_interval(
 pub unsafe fn interval_value(d: Datum) -> IntervalValue {
     // SAFETY: an interval datum points at an Interval struct.
     let iv = unsafe { &*(d.cast_mut_ptr::<pg_sys::Interval>()) };
-    IntervalValue {
-        months: iv.month,
-        days: iv.day,
-        micros: iv.time,
-    }
+    IntervalValue { months: iv.month, days: iv.day, micros: iv.time }
 }
 
 /// An interval as PostgreSQL prints it, quoted, for messages.
@@ -187,11 +175,6 @@ pub fn return_bool(v: bool) -> Datum {
 }
 
 /// Unwrap a required argument or fail with 22004.
-pub fn required<T>(
-    v: Option<T>,
-    function: &str,
-    argument: &str,
-    name: Option<&str>,
-) -> Result<T, FlError> {
+pub fn required<T>(v: Option<T>, function: &str, argument: &str, name: Option<&str>) -> Result<T, FlError> {
     v.ok_or_else(|| FlError::null_argument(function, argument, name))
 }

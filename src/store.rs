@@ -16,9 +16,36 @@ use std::cell::Cell;
 
 pub const SCHEMA: &std::ffi::CStr = c"fenced_lock_internal";
 
+/// Where a record is stored (its `ctid`), as block << 16 | offset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Tid(pub u64);
+
+impl Tid {
+    fn from_item_pointer(p: &pg_sys::ItemPointerData) -> Tid {
+        let block = ((p.ip_blkid.bi_hi as u64) << 16) | p.ip_blkid.bi_lo as u64;
+        Tid((block << 16) | p.ip_posid as u64)
+    }
+
+    /// A `tid` datum (palloc'd in the current memory context).
+    fn datum(self) -> Datum {
+        let block = (self.0 >> 16) as u32;
+        // SAFETY: palloc'd ItemPointerData, filled in full.
+        unsafe {
+            let p = pg_sys::palloc(std::mem::size_of::<pg_sys::ItemPointerData>())
+                as *mut pg_sys::ItemPointerData;
+            (*p).ip_blkid.bi_hi = (block >> 16) as u16;
+            (*p).ip_blkid.bi_lo = (block & 0xFFFF) as u16;
+            (*p).ip_posid = (self.0 & 0xFFFF) as u16;
+            Datum::from(p)
+        }
+    }
+}
+
 /// A lease record as stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {
+    /// where this version of the record is; writes address it by `ctid`
+    pub tid: Tid,
     pub token: i64,
     pub holder: Option<String>,
     pub owner: pg_sys::Oid,
@@ -71,6 +98,7 @@ pub fn acts_for(role: pg_sys::Oid, owner: pg_sys::Oid) -> bool {
 struct Objects {
     table: pg_sys::Oid,
     index: pg_sys::Oid,
+    expiry_index: pg_sys::Oid,
     table_owner: pg_sys::Oid,
     sequence: pg_sys::Oid,
 }
@@ -89,7 +117,7 @@ unsafe extern "C-unwind" fn forget_objects(_arg: Datum, relid: pg_sys::Oid) {
     OBJECTS.with(|o| {
         if let Some(known) = o.get() {
             if relid == pg_sys::InvalidOid
-                || [known.table, known.index, known.sequence].contains(&relid)
+                || [known.table, known.index, known.expiry_index, known.sequence].contains(&relid)
             {
                 o.set(None);
             }
@@ -109,11 +137,10 @@ fn objects() -> Result<Objects, FlError> {
         }
         let table = pg_sys::get_relname_relid(c"leases".as_ptr(), nsp);
         let index = pg_sys::get_relname_relid(c"leases_pkey".as_ptr(), nsp);
+        let expiry_index = pg_sys::get_relname_relid(c"leases_expires_at".as_ptr(), nsp);
         let sequence = pg_sys::get_relname_relid(c"token_seq".as_ptr(), nsp);
-        if [table, index, sequence].contains(&pg_sys::InvalidOid) {
-            return Err(FlError::not_installed(
-                "the lease table, its key or the token sequence",
-            ));
+        if [table, index, expiry_index, sequence].contains(&pg_sys::InvalidOid) {
+            return Err(FlError::not_installed("the lease table, its key or the token sequence"));
         }
         let rel = pg_sys::RelationIdGetRelation(table);
         if rel.is_null() {
@@ -121,12 +148,7 @@ fn objects() -> Result<Objects, FlError> {
         }
         let table_owner = (*(*rel).rd_rel).relowner;
         pg_sys::RelationClose(rel);
-        Objects {
-            table,
-            index,
-            table_owner,
-            sequence,
-        }
+        Objects { table, index, expiry_index, table_owner, sequence }
     };
     OBJECTS.with(|o| o.set(Some(found)));
     Ok(found)
@@ -135,68 +157,81 @@ fn objects() -> Result<Objects, FlError> {
 /// The lease record of `name` in the latest committed state (and this
 /// transaction's own changes), whatever the caller's isolation level.
 ///
-/// A direct scan of the primary key: no SPI, no change of user. It is only
-/// ever called with the name's FENCE lock held (or for `validate`, which
-/// promises nothing about ordering), so the latest snapshot shows every
+/// Reads go straight through an index, without SPI or a change of user, so
+/// the plan can never degrade into a sequential scan as the table grows. They
+/// are only ever made with the name's FENCE lock held (or for `validate`,
+/// which promises nothing about ordering), so the latest snapshot shows every
 /// transition of the name that can matter.
 pub fn read(name: &str) -> Result<Option<Lease>, FlError> {
     let objects = objects()?;
-    let key_datum = text_datum(name);
-    // SAFETY: the table and index exist (looked up above, and any DROP
-    // invalidates the cache); AccessShareLock keeps them so until commit.
-    // The tuple's pass-by-reference values are copied out before endscan.
+    let mut found = None;
+    // ScanKeyInit compares with the C collation, the key column's own.
+    let key = (1, pg_sys::BTEqualStrategyNumber, pg_sys::F_TEXTEQ, text_datum(name));
+    scan(&objects, objects.index, key, 1, |lease, _| found = Some(lease));
+    Ok(found)
+}
+
+/// Up to `limit` records that expired before `before`, oldest first, with their names.
+fn expired(objects: &Objects, before: i64, limit: usize) -> Vec<(String, Lease)> {
+    let mut out = Vec::new();
+    let key = (6, pg_sys::BTLessStrategyNumber, pg_sys::F_TIMESTAMPTZ_LT, Datum::from(before));
+    scan(objects, objects.expiry_index, key, limit, |lease, name| out.push((name, lease)));
+    out
+}
+
+/// Scan the lease table through `index` for `(attno, strategy, operator
+/// procedure, argument)` with the latest snapshot, in index order, handing up
+/// to `limit` records (and their names) to `each`.
+fn scan(
+    objects: &Objects,
+    index: pg_sys::Oid,
+    (attno, strategy, procedure, argument): (i16, u32, u32, Datum),
+    limit: usize,
+    mut each: impl FnMut(Lease, String),
+) {
+    // SAFETY: the table and index exist (looked up by `objects`, and any DROP
+    // invalidates that cache); AccessShareLock keeps them until commit. The
+    // tuple's pass-by-reference values are copied out before endscan.
     unsafe {
         let rel = pg_sys::table_open(objects.table, pg_sys::AccessShareLock as i32);
         let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
         let mut key: pg_sys::ScanKeyData = std::mem::zeroed();
-        // ScanKeyInit compares with the C collation, the key column's own.
-        pg_sys::ScanKeyInit(
-            &mut key,
-            1,
-            pg_sys::BTEqualStrategyNumber as u16,
-            pg_sys::Oid::from(pg_sys::F_TEXTEQ),
-            key_datum,
-        );
-        let scan = pg_sys::systable_beginscan(rel, objects.index, true, snapshot, 1, &mut key);
-        let tuple = pg_sys::systable_getnext(scan);
-        let lease = if tuple.is_null() {
-            None
-        } else {
+        pg_sys::ScanKeyInit(&mut key, attno, strategy as u16, pg_sys::Oid::from(procedure), argument);
+        let scan = pg_sys::systable_beginscan(rel, index, true, snapshot, 1, &mut key);
+        let mut seen = 0;
+        while seen < limit {
+            let tuple = pg_sys::systable_getnext(scan);
+            if tuple.is_null() {
+                break;
+            }
+            seen += 1;
             const NATTS: usize = 7;
             let mut values = [Datum::from(0); NATTS];
             let mut nulls = [false; NATTS];
-            pg_sys::heap_deform_tuple(
-                tuple,
-                (*rel).rd_att,
-                values.as_mut_ptr(),
-                nulls.as_mut_ptr(),
-            );
+            pg_sys::heap_deform_tuple(tuple, (*rel).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr());
+            let text = |d: Datum| <String as pgrx::FromDatum>::from_datum(d, false).unwrap_or_default();
             // columns: name, token, holder, owner, acquired_at, expires_at, ttl
-            Some(Lease {
+            let lease = Lease {
+                tid: Tid::from_item_pointer(&(*tuple).t_self),
                 token: values[1].value() as i64,
-                holder: if nulls[2] {
-                    None
-                } else {
-                    <String as pgrx::FromDatum>::from_datum(values[2], false)
-                },
+                holder: (!nulls[2]).then(|| text(values[2])),
                 owner: pg_sys::Oid::from(values[3].value() as u32),
                 expires_at: values[5].value() as i64,
-                ttl_micros: crate::sqlfn::interval_value(values[6])
-                    .total_micros()
-                    .clamp(0, i64::MAX as i128) as i64,
-            })
-        };
+                ttl_micros: crate::sqlfn::interval_value(values[6]).total_micros().clamp(0, i64::MAX as i128)
+                    as i64,
+            };
+            each(lease, text(values[0]));
+        }
         pg_sys::systable_endscan(scan);
         pg_sys::UnregisterSnapshot(snapshot);
         pg_sys::table_close(rel, pg_sys::NoLock as i32);
-        Ok(lease)
     }
 }
 
 /// An open session on the lease state, running as the table's owner until dropped.
 pub struct Store {
     spi: Connection,
-    sequence: pg_sys::Oid,
+    objects: Objects,
     saved_user: pg_sys::Oid,
     saved_context: i32,
 }
@@ -217,16 +252,7 @@ impl Store {
                     | pg_sys::SECURITY_RESTRICTED_OPERATION as i32,
             );
         }
-        Ok(Store {
-            spi: Connection::open(),
-            sequence: objects.sequence,
-            saved_user,
-            saved_context,
-        })
-    }
-
-    pub fn spi(&self) -> &Connection {
-        &self.spi
+        Ok(Store { spi: Connection::open(), objects, saved_user, saved_context })
     }
 
     pub fn read(&self, name: &str) -> Result<Option<Lease>, FlError> {
@@ -234,15 +260,16 @@ impl Store {
     }
 
     pub fn next_token(&self) -> i64 {
-        crate::token::next_token(&self.spi, self.sequence)
+        crate::token::next_token(&self.spi, self.objects.sequence)
     }
 
-    /// Record a new lease of `name`, replacing an expired record if there is one.
+    /// Record a new lease of `name`, replacing the (expired) record at
+    /// `replaces` if there is one.
     #[allow(clippy::too_many_arguments)]
     pub fn grant(
         &self,
         name: &str,
-        replaces: bool,
+        replaces: Option<Tid>,
         token: i64,
         holder: Option<&str>,
         owner: pg_sys::Oid,
@@ -250,7 +277,7 @@ impl Store {
         ttl: Datum,
         ttl_micros: i64,
     ) -> Result<(), FlError> {
-        let args = [
+        let mut args = vec![
             Some(text_datum(name)),
             Some(Datum::from(token)),
             holder.map(text_datum),
@@ -259,52 +286,44 @@ impl Store {
             Some(Datum::from(expiry(now, ttl_micros))),
             Some(ttl),
         ];
-        let stmt = if replaces { &REGRANT } else { &INSERT };
-        let rows = self.spi.run(stmt, &args);
-        expect_one(rows.len(), name)
+        let stmt = match replaces {
+            Some(tid) => {
+                args.push(Some(tid.datum()));
+                &REGRANT
+            }
+            None => &INSERT,
+        };
+        expect_one(self.spi.run(stmt, &args).len(), name)
     }
 
-    /// Move the expiry of lease `token` to `now + ttl`. The ttl the lease was
+    /// Move the expiry of `lease` to `now + ttl`. The ttl the lease was
     /// granted with stays recorded: `renew(name, token)` keeps using it.
-    pub fn extend(&self, name: &str, token: i64, now: i64, ttl_micros: i64) -> Result<(), FlError> {
-        let args = [
-            Some(text_datum(name)),
-            Some(Datum::from(token)),
-            Some(Datum::from(expiry(now, ttl_micros))),
-        ];
-        let rows = self.spi.run(&EXTEND, &args);
-        expect_one(rows.len(), name)
+    pub fn extend(&self, name: &str, lease: &Lease, now: i64, ttl_micros: i64) -> Result<(), FlError> {
+        let args = [Some(lease.tid.datum()), Some(Datum::from(expiry(now, ttl_micros)))];
+        expect_one(self.spi.run(&EXTEND, &args).len(), name)
     }
 
-    /// Remove the record of lease `token`.
-    pub fn delete(&self, name: &str, token: i64) -> Result<(), FlError> {
-        let rows = self
-            .spi
-            .run(&DELETE, &[Some(text_datum(name)), Some(Datum::from(token))]);
-        expect_one(rows.len(), name)
+    /// Remove the record of `lease`.
+    pub fn delete(&self, name: &str, lease: &Lease) -> Result<(), FlError> {
+        expect_one(self.spi.run(&DELETE, &[Some(lease.tid.datum())]).len(), name)
     }
 
     /// Remove up to `limit` records that expired before `before`, skipping
     /// names whose fence lock is busy. Keeps the table from growing without
     /// bound when leases are left to expire instead of being released.
-    pub fn reap(&self, before: i64, limit: i64) -> usize {
-        let rows = self.spi.run(
-            &EXPIRED,
-            &[Some(Datum::from(before)), Some(Datum::from(limit))],
-        );
-        let names: Vec<String> = (0..rows.len()).filter_map(|i| rows.text(i, 1)).collect();
+    pub fn reap(&self, before: i64, limit: usize) -> Result<usize, FlError> {
         let mut reaped = 0;
-        for name in names {
-            let key = crate::keys::Key::fence(&name);
-            if key.try_lock(crate::keys::Mode::Exclusive) {
-                let r = self.spi.run(
-                    &DELETE_EXPIRED,
-                    &[Some(text_datum(&name)), Some(Datum::from(before))],
-                );
-                reaped += r.len();
+        for (name, _) in expired(&self.objects, before, limit) {
+            if !crate::keys::Key::fence(&name).try_lock(crate::keys::Mode::Exclusive) {
+                continue;
+            }
+            // Under the lock, re-read: the record may have been replaced.
+            if let Some(lease) = read(&name)?.filter(|l| l.expires_at < before) {
+                self.delete(&name, &lease)?;
+                reaped += 1;
             }
         }
-        reaped
+        Ok(reaped)
     }
 }
 
@@ -343,45 +362,31 @@ const I8: pg_sys::Oid = pg_sys::INT8OID;
 const TS: pg_sys::Oid = pg_sys::TIMESTAMPTZOID;
 const IV: pg_sys::Oid = pg_sys::INTERVALOID;
 const ROLE: pg_sys::Oid = pg_sys::REGROLEOID;
+const TID: pg_sys::Oid = pg_sys::TIDOID;
 
 static INSERT: Statement = Statement {
-    sql: "INSERT INTO fenced_lock_internal.leases (name, token, holder, owner, acquired_at, expires_at, ttl) \
+    sql:
+        "INSERT INTO fenced_lock_internal.leases (name, token, holder, owner, acquired_at, expires_at, ttl) \
           VALUES ($1, $2, $3, $4, $5, $6, $7)",
     args: &[T, I8, T, ROLE, TS, TS, IV],
     read_only: false,
 };
 
 static REGRANT: Statement = Statement {
-    sql: "UPDATE fenced_lock_internal.leases SET token = $2, holder = $3, owner = $4, \
-          acquired_at = $5, expires_at = $6, ttl = $7 WHERE name OPERATOR(pg_catalog.=) $1",
-    args: &[T, I8, T, ROLE, TS, TS, IV],
+    sql: "UPDATE fenced_lock_internal.leases SET name = $1, token = $2, holder = $3, owner = $4, \
+          acquired_at = $5, expires_at = $6, ttl = $7 WHERE ctid OPERATOR(pg_catalog.=) $8",
+    args: &[T, I8, T, ROLE, TS, TS, IV, TID],
     read_only: false,
 };
 
 static EXTEND: Statement = Statement {
-    sql: "UPDATE fenced_lock_internal.leases SET expires_at = $3 \
-          WHERE name OPERATOR(pg_catalog.=) $1 AND token OPERATOR(pg_catalog.=) $2",
-    args: &[T, I8, TS],
+    sql: "UPDATE fenced_lock_internal.leases SET expires_at = $2 WHERE ctid OPERATOR(pg_catalog.=) $1",
+    args: &[TID, TS],
     read_only: false,
 };
 
 static DELETE: Statement = Statement {
-    sql: "DELETE FROM fenced_lock_internal.leases \
-          WHERE name OPERATOR(pg_catalog.=) $1 AND token OPERATOR(pg_catalog.=) $2",
-    args: &[T, I8],
-    read_only: false,
-};
-
-static EXPIRED: Statement = Statement {
-    sql: "SELECT name FROM fenced_lock_internal.leases WHERE expires_at OPERATOR(pg_catalog.<) $1 \
-          ORDER BY expires_at LIMIT $2",
-    args: &[TS, I8],
-    read_only: true,
-};
-
-static DELETE_EXPIRED: Statement = Statement {
-    sql: "DELETE FROM fenced_lock_internal.leases \
-          WHERE name OPERATOR(pg_catalog.=) $1 AND expires_at OPERATOR(pg_catalog.<) $2",
-    args: &[T, TS],
+    sql: "DELETE FROM fenced_lock_internal.leases WHERE ctid OPERATOR(pg_catalog.=) $1",
+    args: &[TID],
     read_only: false,
 };

@@ -39,9 +39,7 @@ impl Template {
                         match chars.next() {
                             Some((_, '}')) => break,
                             Some((inner, '{')) => {
-                                return Err(format!(
-                                    "\"{{\" inside a column reference at byte {inner}"
-                                ))
+                                return Err(format!("\"{{\" inside a column reference at byte {inner}"))
                             }
                             Some((_, ch)) => column.push(ch),
                             None => return Err(format!("unterminated \"{{\" at byte {at}")),
@@ -112,12 +110,7 @@ mod tests {
 
     fn render_with(t: &Template, values: &[(&str, Option<&str>)]) -> Result<String, String> {
         t.render(
-            |c| {
-                Ok(values
-                    .iter()
-                    .find(|(k, _)| *k == c)
-                    .and_then(|(_, v)| v.map(String::from)))
-            },
+            |c| Ok(values.iter().find(|(k, _)| *k == c).and_then(|(_, v)| v.map(String::from))),
             |c| format!("null {c}"),
         )
     }
@@ -127,10 +120,7 @@ mod tests {
         let t = Template::parse("inventory:{item_id}").unwrap();
         assert_eq!(t.parts, vec![lit("inventory:"), col("item_id")]);
         let t = Template::parse("{a}/{b}-{a}").unwrap();
-        assert_eq!(
-            t.parts,
-            vec![col("a"), lit("/"), col("b"), lit("-"), col("a")]
-        );
+        assert_eq!(t.parts, vec![col("a"), lit("/"), col("b"), lit("-"), col("a")]);
         assert_eq!(t.columns(), vec!["a", "b"]);
     }
 
@@ -165,30 +155,15 @@ mod tests {
     #[test]
     fn values_are_substituted_verbatim() {
         let t = Template::parse("k:{v}").unwrap();
-        for v in [
-            "it's",
-            "a\\b",
-            "%s",
-            "{x}",
-            "}}",
-            "line\nbreak",
-            "'; DROP TABLE t; --",
-            "ü€😀",
-        ] {
-            assert_eq!(
-                render_with(&t, &[("v", Some(v))]).unwrap(),
-                format!("k:{v}")
-            );
+        for v in ["it's", "a\\b", "%s", "{x}", "}}", "line\nbreak", "'; DROP TABLE t; --", "ü€😀"] {
+            assert_eq!(render_with(&t, &[("v", Some(v))]).unwrap(), format!("k:{v}"));
         }
     }
 
     #[test]
     fn null_values_are_errors_naming_the_column() {
         let t = Template::parse("k:{a}:{b}").unwrap();
-        assert_eq!(
-            render_with(&t, &[("a", Some("1")), ("b", None)]),
-            Err("null b".to_string())
-        );
+        assert_eq!(render_with(&t, &[("a", Some("1")), ("b", None)]), Err("null b".to_string()));
     }
 
     /// Escape a literal so that it parses back to itself.

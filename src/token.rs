@@ -43,11 +43,7 @@ fn nextval(seq: pg_sys::Oid) -> i64 {
     // SAFETY: nextval_oid takes a regclass datum; the sequence exists (looked
     // up by the caller) and its owner runs this call.
     let d = unsafe {
-        pg_sys::DirectFunctionCall1Coll(
-            Some(crate::sqlfn::nextval_oid),
-            pg_sys::InvalidOid,
-            Datum::from(seq),
-        )
+        pg_sys::DirectFunctionCall1Coll(Some(crate::sqlfn::nextval_oid), pg_sys::InvalidOid, Datum::from(seq))
     };
     d.value() as i64
 }
@@ -69,13 +65,7 @@ pub fn next_token(spi: &crate::spi::Connection, seq: pg_sys::Oid) -> i64 {
     if epoch_of(token) >= epoch {
         return token;
     }
-    spi.run(
-        &SETVAL,
-        &[
-            Some(Datum::from(seq)),
-            Some(Datum::from(epoch_floor(epoch))),
-        ],
-    );
+    spi.run(&SETVAL, &[Some(Datum::from(seq)), Some(Datum::from(epoch_floor(epoch)))]);
     nextval(seq)
 }
 

@@ -37,9 +37,8 @@ pub fn acquire(req: &AcquireRequest, wait_micros: Option<i64>) -> Result<i64, Fl
 
     {
         let store = Store::open()?;
-        let first = attempt_acquire(&store, req, |fence| {
-            lock_until(fence, Mode::Exclusive, deadline, &timed_out)
-        })?;
+        let first =
+            attempt_acquire(&store, req, |fence| lock_until(fence, Mode::Exclusive, deadline, &timed_out))?;
         if let Attempt::Granted(token) = first {
             return Ok(token);
         }
@@ -54,9 +53,7 @@ pub fn acquire(req: &AcquireRequest, wait_micros: Option<i64>) -> Result<i64, Fl
         unsafe { pg_sys::ResetLatch(pg_sys::MyLatch) };
         let attempt = {
             let store = Store::open()?;
-            attempt_acquire(&store, req, |fence| {
-                lock_until(fence, Mode::Exclusive, deadline, &timed_out)
-            })?
+            attempt_acquire(&store, req, |fence| lock_until(fence, Mode::Exclusive, deadline, &timed_out))?
         };
         let expires_at = match attempt {
             Attempt::Granted(token) => return Ok(token),
