@@ -166,4 +166,66 @@ mod tests {
         assert!(check_holder("f", "n", Some(&"h".repeat(512))).is_ok());
         assert!(check_holder("f", "n", Some(&"h".repeat(513))).is_err());
     }
+
+    mod properties {
+        use super::super::*;
+        use crate::errors::sqlstate::INVALID_PARAMETER_VALUE;
+        use proptest::prelude::*;
+
+        proptest! {
+            #[test]
+            fn a_name_is_accepted_exactly_when_it_has_1_to_512_bytes(name in ".{0,300}") {
+                let ok = !name.is_empty() && name.len() <= 512;
+                match check_name("f", &name) {
+                    Ok(()) => prop_assert!(ok),
+                    Err(e) => {
+                        prop_assert!(!ok);
+                        prop_assert_eq!(e.sqlstate, INVALID_PARAMETER_VALUE);
+                        prop_assert!(e.message.len() < 300, "messages quote long names cut short");
+                    }
+                }
+            }
+
+            #[test]
+            fn a_ttl_is_accepted_exactly_when_positive_and_within_max(
+                months in any::<i32>(), days in any::<i32>(), micros in any::<i64>(), max in 1i64..=i32::MAX as i64
+            ) {
+                let iv = IntervalValue { months, days, micros };
+                let total = iv.total_micros();
+                match check_ttl("f", "n", iv, || "x".to_string(), max) {
+                    Ok(m) => {
+                        prop_assert!(total > 0 && total <= max as i128 * 1_000_000);
+                        prop_assert_eq!(m as i128, total);
+                    }
+                    Err(e) => {
+                        prop_assert!(total <= 0 || total > max as i128 * 1_000_000);
+                        prop_assert_eq!(e.sqlstate, INVALID_PARAMETER_VALUE);
+                    }
+                }
+            }
+
+            #[test]
+            fn a_wait_is_accepted_exactly_when_not_negative(months in any::<i32>(), days in any::<i32>(), micros in any::<i64>()) {
+                let iv = IntervalValue { months, days, micros };
+                match check_wait("f", "n", iv, || "x".to_string()) {
+                    Ok(w) => prop_assert!(iv.total_micros() >= 0 && w >= 0),
+                    Err(e) => {
+                        prop_assert!(iv.total_micros() < 0);
+                        prop_assert_eq!(e.sqlstate, INVALID_PARAMETER_VALUE);
+                    }
+                }
+            }
+
+            #[test]
+            fn a_token_is_accepted_exactly_when_positive(token in any::<i64>()) {
+                prop_assert_eq!(check_token("f", "n", token).is_ok(), token > 0);
+            }
+
+            #[test]
+            fn a_holder_is_accepted_exactly_when_at_most_512_bytes(holder in proptest::option::of(".{0,300}")) {
+                let ok = holder.as_ref().is_none_or(|h| h.len() <= 512);
+                prop_assert_eq!(check_holder("f", "n", holder.as_deref()).is_ok(), ok);
+            }
+        }
+    }
 }
