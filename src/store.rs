@@ -158,10 +158,14 @@ fn objects() -> Result<Objects, FlError> {
 /// transaction's own changes), whatever the caller's isolation level.
 ///
 /// Reads go straight through an index, without SPI or a change of user, so
-/// the plan can never degrade into a sequential scan as the table grows. They
-/// are only ever made with the name's FENCE lock held (or for `validate`,
-/// which promises nothing about ordering), so the latest snapshot shows every
-/// transition of the name that can matter.
+/// the plan can never degrade into a sequential scan as the table grows.
+///
+/// They use `SnapshotSelf` (committed as of now, plus this transaction's own
+/// changes), not an MVCC snapshot: they are only ever made with the name's
+/// FENCE lock held (or for `validate`, which promises nothing about
+/// ordering), so no transition of the name can be in progress, and "committed
+/// as of now" is exactly the latest committed state. This spares taking a
+/// snapshot of every backend's state on each guarded write.
 pub fn read(name: &str) -> Result<Option<Lease>, FlError> {
     let objects = objects()?;
     let mut found = None;
@@ -180,8 +184,8 @@ fn expired(objects: &Objects, before: i64, limit: usize) -> Vec<(String, Lease)>
 }
 
 /// Scan the lease table through `index` for `(attno, strategy, operator
-/// procedure, argument)` with the latest snapshot, in index order, handing up
-/// to `limit` records (and their names) to `each`.
+/// procedure, argument)` with `SnapshotSelf`, in index order, handing up to
+/// `limit` records (and their names) to `each`.
 fn scan(
     objects: &Objects,
     index: pg_sys::Oid,
@@ -194,7 +198,7 @@ fn scan(
     // tuple's pass-by-reference values are copied out before endscan.
     unsafe {
         let rel = pg_sys::table_open(objects.table, pg_sys::AccessShareLock as i32);
-        let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
+        let snapshot = &raw mut pg_sys::SnapshotSelfData;
         let mut key: pg_sys::ScanKeyData = std::mem::zeroed();
         pg_sys::ScanKeyInit(&mut key, attno, strategy as u16, pg_sys::Oid::from(procedure), argument);
         let scan = pg_sys::systable_beginscan(rel, index, true, snapshot, 1, &mut key);
@@ -223,7 +227,6 @@ fn scan(
             each(lease, text(values[0]));
         }
         pg_sys::systable_endscan(scan);
-        pg_sys::UnregisterSnapshot(snapshot);
         pg_sys::table_close(rel, pg_sys::NoLock as i32);
     }
 }
