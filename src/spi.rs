@@ -1,12 +1,12 @@
-//! A thin layer over PostgreSQL's SPI for the few fixed statements on the lease
-//! table: plans prepared once per backend, always run against the *latest*
-//! committed state.
+//! A thin layer over PostgreSQL's SPI for the few fixed statements that write
+//! the lease state: plans prepared once per backend, always run against the
+//! *latest* committed state.
 //!
 //! Why the latest snapshot: lease transitions of a name are serialized by an
 //! advisory lock (see `keys.rs`), not by MVCC. Once that lock is held, the
-//! latest snapshot shows every earlier transition of the name, whatever the
-//! caller's isolation level; a REPEATABLE READ snapshot would show a lease that
-//! has since been released as live. RI triggers read the same way.
+//! latest snapshot shows the record the transition read, whatever the caller's
+//! isolation level; a REPEATABLE READ snapshot could hide it (RI triggers run
+//! their statements the same way).
 
 use pgrx::pg_sys;
 use pgrx::pg_sys::Datum;
@@ -18,7 +18,6 @@ use std::ffi::CString;
 pub struct Statement {
     pub sql: &'static str,
     pub args: &'static [pg_sys::Oid],
-    pub read_only: bool,
 }
 
 thread_local! {
@@ -86,20 +85,18 @@ impl Connection {
                 values.as_mut_ptr(),
                 nulls.as_ptr(),
                 pg_sys::GetLatestSnapshot(),
-                std::ptr::null_mut(),
-                stmt.read_only,
-                true,
+                std::ptr::null_mut(), // no crosscheck snapshot
+                false,                // not read-only: every statement here writes
+                true,                 // fire triggers (e.g. an audit trigger an operator adds)
                 0,
             )
         };
         if rc < 0 {
             panic!("fenced_lock: statement failed ({rc}): {}", stmt.sql);
         }
-        if !stmt.read_only {
-            // Make this write visible to the next statement's latest snapshot.
-            // SAFETY: we are inside a transaction.
-            unsafe { pg_sys::CommandCounterIncrement() };
-        }
+        // Make this write visible to the next statement and to later reads.
+        // SAFETY: we are inside a transaction.
+        unsafe { pg_sys::CommandCounterIncrement() };
         // SAFETY: SPI_processed is set by the call above.
         Rows { count: unsafe { pg_sys::SPI_processed } as usize }
     }

@@ -372,24 +372,20 @@ static INSERT: Statement = Statement {
         "INSERT INTO fenced_lock_internal.leases (name, token, holder, owner, acquired_at, expires_at, ttl) \
           VALUES ($1, $2, $3, $4, $5, $6, $7)",
     args: &[T, I8, T, ROLE, TS, TS, IV],
-    read_only: false,
 };
 
 static REGRANT: Statement = Statement {
     sql: "UPDATE fenced_lock_internal.leases SET name = $1, token = $2, holder = $3, owner = $4, \
           acquired_at = $5, expires_at = $6, ttl = $7 WHERE ctid OPERATOR(pg_catalog.=) $8",
     args: &[T, I8, T, ROLE, TS, TS, IV, TID],
-    read_only: false,
 };
 
 static EXTEND: Statement = Statement {
     sql: "UPDATE fenced_lock_internal.leases SET expires_at = $2 WHERE ctid OPERATOR(pg_catalog.=) $1",
     args: &[TID, TS],
-    read_only: false,
 };
 
 static DELETE: Statement = Statement {
     sql: "DELETE FROM fenced_lock_internal.leases WHERE ctid OPERATOR(pg_catalog.=) $1",
     args: &[TID],
-    read_only: false,
 };

@@ -36,7 +36,6 @@ pub fn epoch_for_timeline(timeline: u32) -> i64 {
 static SETVAL: Statement = Statement {
     sql: "SELECT pg_catalog.setval($1, $2, true)",
     args: &[pg_sys::REGCLASSOID, pg_sys::INT8OID],
-    read_only: false,
 };
 
 fn nextval(seq: pg_sys::Oid) -> i64 {
