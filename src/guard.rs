@@ -34,19 +34,20 @@ use pgrx::pg_sys::Datum;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{CStr, CString};
+use std::rc::Rc;
 
 const DEFAULT_TOKEN_COLUMN: &str = "fence_token";
 
 thread_local! {
     /// Parsed templates by trigger OID (with the text they were parsed from).
-    static TEMPLATES: RefCell<HashMap<pg_sys::Oid, (String, Template)>> = RefCell::new(HashMap::new());
+    static TEMPLATES: RefCell<HashMap<pg_sys::Oid, (String, Rc<Template>)>> = RefCell::new(HashMap::new());
 }
 
 /// The resolved shape of one trigger on one table.
 struct Guard {
     table: String,
     template_text: String,
-    template: Template,
+    template: Rc<Template>,
     /// attribute numbers of the template's columns
     columns: HashMap<String, i32>,
     token_column: String,
@@ -177,8 +178,10 @@ unsafe fn resolve(
                 return Ok(t.clone());
             }
         }
-        let t = Template::parse(&template_text)
-            .map_err(|problem| FlError::guard_bad_template(table, trigger, &problem))?;
+        let t = Rc::new(
+            Template::parse(&template_text)
+                .map_err(|problem| FlError::guard_bad_template(table, trigger, &problem))?,
+        );
         cache.borrow_mut().insert(tgoid, (template_text.clone(), t.clone()));
         Ok(t)
     })?;

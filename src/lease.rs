@@ -11,7 +11,7 @@
 use crate::durability::require_durable_commit;
 use crate::errors::FlError;
 use crate::keys::{Key, Mode};
-use crate::store::{acts_for, now, role_name, Lease, Store};
+use crate::store::{acts_for, now, read, role_name, Lease, Store};
 use pgrx::pg_sys;
 use pgrx::pg_sys::Datum;
 use std::cell::Cell;
@@ -120,7 +120,7 @@ pub fn attempt_acquire(
     let fence = Key::fence(req.name);
     fence_locked(&fence)?;
     let now = now();
-    let current = store.read(req.name)?;
+    let current = read(req.name)?;
     match decide_acquire(current.as_ref(), now, req.holder, |owner| acts_for(req.caller, owner)) {
         AcquireDecision::Extend { token } => {
             let lease = current.as_ref().expect("Extend implies a record");
@@ -203,7 +203,7 @@ pub fn renew(
     let fence = Key::fence(name);
     fence.lock(Mode::Exclusive);
     let now = now();
-    let current = store.read(name)?;
+    let current = read(name)?;
     match decide_owner_change(current.as_ref(), now, token, |owner| acts_for(caller, owner)) {
         OwnerDecision::Apply => {
             let lease = current.as_ref().expect("Apply implies a record");
@@ -228,7 +228,7 @@ pub fn release(function: &str, name: &str, token: i64, caller: pg_sys::Oid) -> R
     let fence = Key::fence(name);
     fence.lock(Mode::Exclusive);
     let now = now();
-    let current = store.read(name)?;
+    let current = read(name)?;
     match decide_owner_change(current.as_ref(), now, token, |owner| acts_for(caller, owner)) {
         OwnerDecision::Apply => {
             store.delete(name, current.as_ref().expect("Apply implies a record"))?;
@@ -253,7 +253,7 @@ pub fn force_release(name: &str) -> Result<bool, FlError> {
     let fence = Key::fence(name);
     fence.lock(Mode::Exclusive);
     let now = now();
-    match store.read(name)? {
+    match read(name)? {
         Some(lease) if lease.is_live(now) => {
             store.delete(name, &lease)?;
             require_durable_commit();
@@ -269,7 +269,7 @@ pub fn force_release(name: &str) -> Result<bool, FlError> {
 
 /// `fenced_lock_validate`: a read of the latest committed state, no lock.
 pub fn validate(name: &str, token: i64) -> Result<bool, FlError> {
-    Ok(live_token(crate::store::read(name)?.as_ref(), now()) == Some(token))
+    Ok(live_token(read(name)?.as_ref(), now()) == Some(token))
 }
 
 #[cfg(test)]

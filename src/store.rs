@@ -175,11 +175,11 @@ pub fn read(name: &str) -> Result<Option<Lease>, FlError> {
     Ok(found)
 }
 
-/// Up to `limit` records that expired before `before`, oldest first, with their names.
-fn expired(objects: &Objects, before: i64, limit: usize) -> Vec<(String, Lease)> {
+/// The names of up to `limit` records that expired before `before`, oldest first.
+fn expired_names(objects: &Objects, before: i64, limit: usize) -> Vec<String> {
     let mut out = Vec::new();
     let key = (6, pg_sys::BTLessStrategyNumber, pg_sys::F_TIMESTAMPTZ_LT, Datum::from(before));
-    scan(objects, objects.expiry_index, key, limit, |lease, name| out.push((name, lease)));
+    scan(objects, objects.expiry_index, key, limit, |_, name| out.push(name));
     out
 }
 
@@ -258,10 +258,6 @@ impl Store {
         Ok(Store { spi: Connection::open(), objects, saved_user, saved_context })
     }
 
-    pub fn read(&self, name: &str) -> Result<Option<Lease>, FlError> {
-        read(name)
-    }
-
     pub fn next_token(&self) -> i64 {
         crate::token::next_token(&self.spi, self.objects.sequence)
     }
@@ -316,7 +312,7 @@ impl Store {
     /// bound when leases are left to expire instead of being released.
     pub fn reap(&self, before: i64, limit: usize) -> Result<usize, FlError> {
         let mut reaped = 0;
-        for (name, _) in expired(&self.objects, before, limit) {
+        for name in expired_names(&self.objects, before, limit) {
             if !crate::keys::Key::fence(&name).try_lock(crate::keys::Mode::Exclusive) {
                 continue;
             }
