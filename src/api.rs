@@ -1,17 +1,36 @@
-//! The SQL API (SPEC §3): argument handling for each function, then a call
-//! into the module that does the work. Declared in `sql/fenced_lock.sql`.
+//! The SQL API (docs/reference.md, "Functions"): argument handling for each
+//! function, then a call into the module that does the work. Declared in
+//! `sql/fenced_lock.sql`.
 
-use crate::args::{check_holder, check_name, check_token, check_ttl, check_wait};
+use crate::args::{check_holder, check_name, check_token, check_ttl, check_wait, required};
+use crate::datum::interval_text;
 use crate::errors::FlError;
-use crate::lease::{self, AcquireRequest};
-use crate::settings::{is_operator, max_ttl_seconds};
-use crate::sqlfn::{
-    arg_datum, arg_i64, arg_interval, arg_text, interval_text, required, return_bool, return_i64,
-    return_null, sql_function,
+use crate::fmgr::{
+    arg_bool, arg_datum, arg_i64, arg_interval, arg_text, return_bool, return_i64, return_null, sql_function,
 };
+use crate::lease::{self, AcquireRequest};
+use crate::settings::{check_operator, is_operator, max_ttl_seconds};
 use crate::store::current_role;
+use crate::token::check_writable;
 use pgrx::pg_sys;
 use pgrx::pg_sys::Datum;
+
+/// A lease-changing call: its WAL counts as fenced_lock's own (durability.rs).
+struct Change;
+
+impl Change {
+    fn begin(function: &str) -> Result<Change, FlError> {
+        check_writable(function)?;
+        crate::durability::enter();
+        Ok(Change)
+    }
+}
+
+impl Drop for Change {
+    fn drop(&mut self) {
+        crate::durability::leave();
+    }
+}
 
 /// Read and check `name` (argument 0).
 unsafe fn name_arg(fcinfo: pg_sys::FunctionCallInfo, function: &str) -> Result<String, FlError> {
@@ -22,33 +41,22 @@ unsafe fn name_arg(fcinfo: pg_sys::FunctionCallInfo, function: &str) -> Result<S
 }
 
 /// Read and check a `token` argument.
-unsafe fn token_arg(
-    fcinfo: pg_sys::FunctionCallInfo,
-    n: usize,
-    function: &str,
-    name: &str,
-) -> Result<i64, FlError> {
+unsafe fn token_arg(fcinfo: pg_sys::FunctionCallInfo, n: usize, function: &str, name: &str) -> Result<i64, FlError> {
     // SAFETY: argument n is `token bigint`.
     let token = required(unsafe { arg_i64(fcinfo, n) }, function, "token", Some(name))?;
     check_token(function, name, token)?;
     Ok(token)
 }
 
-/// Read and check a `ttl` argument: `(datum, microseconds)`, None if NULL.
-unsafe fn ttl_arg(
-    fcinfo: pg_sys::FunctionCallInfo,
-    n: usize,
-    function: &str,
-    name: &str,
-) -> Result<Option<(Datum, i64)>, FlError> {
+/// Read and check a `ttl` argument, in microseconds; None if NULL.
+unsafe fn ttl_arg(fcinfo: pg_sys::FunctionCallInfo, n: usize, function: &str, name: &str) -> Result<Option<i64>, FlError> {
     // SAFETY: argument n is `ttl interval`.
     match unsafe { arg_interval(fcinfo, n) } {
         None => Ok(None),
         Some((value, datum)) => {
             // SAFETY: an interval datum, printed only for an error message.
             let shown = || unsafe { interval_text(datum) };
-            let micros = check_ttl(function, name, value, shown, max_ttl_seconds(function)?)?;
-            Ok(Some((datum, micros)))
+            check_ttl(function, name, value, shown, max_ttl_seconds(function)?).map(Some)
         }
     }
 }
@@ -56,43 +64,51 @@ unsafe fn ttl_arg(
 /// The arguments shared by both acquires, checked.
 struct AcquireArgs {
     name: String,
-    ttl: Datum,
     ttl_micros: i64,
     holder: Option<String>,
+    session_bound: bool,
 }
 
 impl AcquireArgs {
-    /// Read name (argument 0), ttl (1) and holder (`holder_arg`).
+    /// Read name (argument 0), ttl (1), holder and session_bound.
     unsafe fn read(
         fcinfo: pg_sys::FunctionCallInfo,
-        function: &str,
+        function: &'static str,
         holder_arg: usize,
+        session_bound_arg: usize,
     ) -> Result<Self, FlError> {
-        // SAFETY: the acquires are (name text, ttl interval, ..., holder text).
+        // SAFETY: the acquires are (name text, ttl interval, ..., holder text, session_bound boolean).
         unsafe {
             let name = name_arg(fcinfo, function)?;
-            let (ttl, ttl_micros) =
-                required(ttl_arg(fcinfo, 1, function, &name)?, function, "ttl", Some(&name))?;
+            let ttl_micros = required(ttl_arg(fcinfo, 1, function, &name)?, function, "ttl", Some(&name))?;
             let holder = arg_text(fcinfo, holder_arg);
             check_holder(function, &name, holder.as_deref())?;
-            Ok(AcquireArgs { name, ttl, ttl_micros, holder })
+            // 0.1.0's declarations pass no session_bound: read as false.
+            let session_bound = if session_bound_arg < (*fcinfo).nargs as usize {
+                required(arg_bool(fcinfo, session_bound_arg), function, "session_bound", Some(&name))?
+            } else {
+                false
+            };
+            Ok(AcquireArgs { name, ttl_micros, holder, session_bound })
         }
     }
 
     fn request(&self) -> AcquireRequest<'_> {
         AcquireRequest {
             name: &self.name,
-            ttl: self.ttl,
             ttl_micros: self.ttl_micros,
             holder: self.holder.as_deref(),
+            session_bound: self.session_bound,
             caller: current_role(),
         }
     }
 }
 
 unsafe fn try_acquire(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
-    // SAFETY: (name text, ttl interval, holder text)
-    let args = unsafe { AcquireArgs::read(fcinfo, "fenced_lock_try_acquire", 2)? };
+    const F: &str = "fenced_lock_try_acquire";
+    // SAFETY: (name text, ttl interval, holder text, session_bound boolean)
+    let args = unsafe { AcquireArgs::read(fcinfo, F, 2, 3)? };
+    let _change = Change::begin(F)?;
     match lease::try_acquire(&args.request())? {
         Some(token) => Ok(return_i64(token)),
         // SAFETY: valid fcinfo.
@@ -103,13 +119,14 @@ sql_function!(fl_try_acquire, pg_finfo_fl_try_acquire, try_acquire);
 
 unsafe fn acquire(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
     const F: &str = "fenced_lock_acquire";
-    // SAFETY: (name text, ttl interval, wait interval, holder text)
+    // SAFETY: (name text, ttl interval, wait interval, holder text, session_bound boolean)
     unsafe {
-        let args = AcquireArgs::read(fcinfo, F, 3)?;
+        let args = AcquireArgs::read(fcinfo, F, 3, 4)?;
         let wait = match arg_interval(fcinfo, 2) {
             None => None,
             Some((value, datum)) => Some(check_wait(F, &args.name, value, || interval_text(datum))?),
         };
+        let _change = Change::begin(F)?;
         crate::waiting::acquire(&args.request(), wait).map(return_i64)
     }
 }
@@ -121,8 +138,8 @@ unsafe fn renew(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
     unsafe {
         let name = name_arg(fcinfo, F)?;
         let token = token_arg(fcinfo, 1, F, &name)?;
-        let ttl = ttl_arg(fcinfo, 2, F, &name)?;
-        let ttl_micros = ttl.map(|(_, micros)| micros);
+        let ttl_micros = ttl_arg(fcinfo, 2, F, &name)?;
+        let _change = Change::begin(F)?;
         lease::renew(F, &name, token, ttl_micros, current_role()).map(return_bool)
     }
 }
@@ -134,6 +151,7 @@ unsafe fn release(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
     unsafe {
         let name = name_arg(fcinfo, F)?;
         let token = token_arg(fcinfo, 1, F, &name)?;
+        let _change = Change::begin(F)?;
         lease::release(F, &name, token, current_role()).map(return_bool)
     }
 }
@@ -166,10 +184,9 @@ unsafe fn force_release(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlErr
     const F: &str = "fenced_lock_force_release";
     // SAFETY: (name text)
     let name = unsafe { name_arg(fcinfo, F)? };
-    if !is_operator(current_role()) {
-        return Err(FlError::not_operator(F, &name));
-    }
-    lease::force_release(&name).map(return_bool)
+    check_operator(F, &name, current_role())?;
+    let _change = Change::begin(F)?;
+    lease::force_release(&name, current_role()).map(return_bool)
 }
 sql_function!(fl_force_release, pg_finfo_fl_force_release, force_release);
 
@@ -179,16 +196,40 @@ unsafe fn guard(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
 }
 sql_function!(fl_guard, pg_finfo_fl_guard, guard);
 
-/// For the view: may the current role see token and holder of a lease owned by
-/// `owner` (argument 0, regrole)? Its owner's members and operators may.
+/// For the views: may the current role see token and holder of a lease owned
+/// by `owner` (argument 0, regrole)? Its owner's members and operators may.
 unsafe fn may_see(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
     // SAFETY: (owner regrole)
-    let owner = unsafe { arg_datum(fcinfo, 0) };
-    let me = current_role();
-    let visible = match owner {
-        Some(o) => crate::store::acts_for(me, pg_sys::Oid::from(o.value() as u32)) || is_operator(me),
-        None => is_operator(me),
-    };
-    Ok(return_bool(visible))
+    let owner = unsafe { arg_datum(fcinfo, 0) }.map(|o| pg_sys::Oid::from(o.value() as u32));
+    Ok(return_bool(may_see_role(owner)))
 }
 sql_function!(fl_may_see, pg_finfo_fl_may_see, may_see);
+
+/// The same for a role given by name, as the history keeps it (argument 0, name).
+unsafe fn may_see_name(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
+    // SAFETY: (owner name): a NameData pointer when not NULL.
+    let owner = unsafe { arg_datum(fcinfo, 0) }.and_then(|d| {
+        // SAFETY: get_role_oid reads the NUL-terminated name; missing_ok.
+        let oid = unsafe { pg_sys::get_role_oid(d.cast_mut_ptr::<std::ffi::c_char>(), true) };
+        (oid != pg_sys::InvalidOid).then_some(oid)
+    });
+    Ok(return_bool(may_see_role(owner)))
+}
+sql_function!(fl_may_see_name, pg_finfo_fl_may_see_name, may_see_name);
+
+fn may_see_role(owner: Option<pg_sys::Oid>) -> bool {
+    let me = current_role();
+    owner.is_some_and(|o| crate::store::acts_for(me, o)) || is_operator(me)
+}
+
+/// For `fenced_lock_leases.live`: is the session of session-bound lease
+/// `token` (argument 0) still there?
+unsafe fn session_alive(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
+    // SAFETY: (token bigint)
+    match unsafe { arg_i64(fcinfo, 0) } {
+        Some(token) => Ok(return_bool(crate::session::token_alive(token))),
+        // SAFETY: valid fcinfo.
+        None => Ok(unsafe { return_null(fcinfo) }),
+    }
+}
+sql_function!(fl_session_alive, pg_finfo_fl_session_alive, session_alive);

@@ -1,9 +1,10 @@
-//! Argument validation (SPEC §5): plain Rust, no PostgreSQL needed.
+//! Argument validation: plain Rust, no PostgreSQL needed.
 //!
-//! Each check returns the value the caller goes on with, or the exact error
-//! the SPEC asks for, naming the function and the lock.
+//! Each check returns the value the caller goes on with, or the error
+//! docs/reference.md lists for it (22004, 22023), naming the function and
+//! the lock.
 
-use crate::errors::{FlError, MAX_HOLDER_BYTES, MAX_NAME_BYTES};
+use crate::errors::{quote_name, sqlstate, FlError, MAX_HOLDER_BYTES, MAX_NAME_BYTES};
 
 pub const USECS_PER_SEC: i64 = 1_000_000;
 const USECS_PER_DAY: i128 = 86_400 * USECS_PER_SEC as i128;
@@ -19,6 +20,7 @@ pub struct IntervalValue {
 }
 
 impl IntervalValue {
+    #[cfg(test)]
     pub fn from_micros(micros: i64) -> Self {
         IntervalValue { months: 0, days: 0, micros }
     }
@@ -34,18 +36,50 @@ impl IntervalValue {
 /// A lock name: non-empty, at most 512 bytes.
 pub fn check_name(function: &str, name: &str) -> Result<(), FlError> {
     if name.is_empty() {
-        Err(FlError::empty_name(function))
+        Err(FlError::new(sqlstate::INVALID_PARAMETER_VALUE, format!("{function}: lock name \"\" is empty"))
+            .hint("A lock name is non-empty text of at most 512 bytes."))
     } else if name.len() > MAX_NAME_BYTES {
-        Err(FlError::name_too_long(function, name))
+        Err(FlError::new(
+            sqlstate::INVALID_PARAMETER_VALUE,
+            format!(
+                "{function}: lock name {} is {} bytes long, more than {MAX_NAME_BYTES}",
+                quote_name(name),
+                name.len()
+            ),
+        )
+        .hint("Use a shorter lock name, for example a hash of the long one."))
     } else {
         Ok(())
     }
 }
 
+/// A required argument is NULL. `name` is the lock, when it is known.
+pub fn null_argument(function: &str, argument: &str, name: Option<&str>) -> FlError {
+    let on = name.map(|n| format!(" (lock {})", quote_name(n))).unwrap_or_default();
+    FlError::new(
+        sqlstate::NULL_VALUE_NOT_ALLOWED,
+        format!("{function}: argument \"{argument}\" must not be NULL{on}"),
+    )
+    .hint(format!("Pass a value for \"{argument}\"."))
+}
+
+/// Unwrap a required argument or fail with 22004.
+pub fn required<T>(v: Option<T>, function: &str, argument: &str, name: Option<&str>) -> Result<T, FlError> {
+    v.ok_or_else(|| null_argument(function, argument, name))
+}
+
 /// A holder: NULL or at most 512 bytes.
 pub fn check_holder(function: &str, name: &str, holder: Option<&str>) -> Result<(), FlError> {
     match holder {
-        Some(h) if h.len() > MAX_HOLDER_BYTES => Err(FlError::holder_too_long(function, name, h.len())),
+        Some(h) if h.len() > MAX_HOLDER_BYTES => Err(FlError::new(
+            sqlstate::INVALID_PARAMETER_VALUE,
+            format!(
+                "{function}: holder for lock {} is {} bytes long, more than {MAX_HOLDER_BYTES}",
+                quote_name(name),
+                h.len()
+            ),
+        )
+        .hint("A holder is a short worker id; use at most 512 bytes.")),
         _ => Ok(()),
     }
 }
@@ -60,9 +94,21 @@ pub fn check_ttl(
 ) -> Result<i64, FlError> {
     let micros = ttl.total_micros();
     if micros <= 0 {
-        Err(FlError::ttl_not_positive(function, name, &shown()))
+        Err(FlError::new(
+            sqlstate::INVALID_PARAMETER_VALUE,
+            format!("{function}: ttl {} for lock {} is not positive", shown(), quote_name(name)),
+        )
+        .hint("Pass a ttl greater than zero, such as '30 seconds'."))
     } else if micros > max_seconds as i128 * USECS_PER_SEC as i128 {
-        Err(FlError::ttl_too_long(function, name, &shown(), max_seconds))
+        Err(FlError::new(
+            sqlstate::INVALID_PARAMETER_VALUE,
+            format!(
+                "{function}: ttl {} for lock {} exceeds fenced_lock.max_ttl ({max_seconds} s)",
+                shown(),
+                quote_name(name)
+            ),
+        )
+        .hint("Use a shorter ttl and renew the lease, or ask a superuser to raise fenced_lock.max_ttl."))
     } else {
         Ok(micros as i64)
     }
@@ -78,7 +124,11 @@ pub fn check_wait(
 ) -> Result<i64, FlError> {
     let micros = wait.total_micros();
     if micros < 0 {
-        Err(FlError::wait_negative(function, name, &shown()))
+        Err(FlError::new(
+            sqlstate::INVALID_PARAMETER_VALUE,
+            format!("{function}: wait {} for lock {} is negative", shown(), quote_name(name)),
+        )
+        .hint("Pass a wait of zero or more, or NULL to wait until granted."))
     } else {
         Ok(micros.min(i64::MAX as i128) as i64)
     }
@@ -87,7 +137,11 @@ pub fn check_wait(
 /// A token: greater than zero.
 pub fn check_token(function: &str, name: &str, token: i64) -> Result<(), FlError> {
     if token <= 0 {
-        Err(FlError::token_not_positive(function, name, token))
+        Err(FlError::new(
+            sqlstate::INVALID_PARAMETER_VALUE,
+            format!("{function}: token {token} for lock {} is not positive", quote_name(name)),
+        )
+        .hint("Fencing tokens are greater than zero; pass the token your acquire returned."))
     } else {
         Ok(())
     }
@@ -97,6 +151,14 @@ pub fn check_token(function: &str, name: &str, token: i64) -> Result<(), FlError
 mod tests {
     use super::*;
     use crate::errors::sqlstate::*;
+
+    #[test]
+    fn null_arguments_name_the_argument_and_the_lock() {
+        let e = required::<i64>(None, "fenced_lock_renew", "token", Some("job:1")).unwrap_err();
+        assert_eq!(e.sqlstate, NULL_VALUE_NOT_ALLOWED);
+        assert!(e.message.contains("\"token\"") && e.message.contains("\"job:1\""), "{}", e.message);
+        assert_eq!(required(Some(5), "f", "token", None), Ok(5));
+    }
 
     const DAY: i64 = 86_400;
 

@@ -1,27 +1,45 @@
-//! The fencing check shared by the guard trigger and `fenced_lock_assert`.
+//! The fencing check shared by the guard trigger and `fenced_lock_assert`
+//! (docs/design.md, "The guard").
 //!
-//! It takes the name's FENCE lock in shared mode and keeps it until the
-//! transaction ends, then compares the token with the latest committed lease.
-//! A takeover needs the same lock in exclusive mode, so it waits until every
-//! write this check accepted has committed or aborted (SPEC §4, Ordering);
-//! writes of one holder share the lock and never wait for each other.
+//! It takes the name lock in shared mode and keeps it until the transaction
+//! ends, then compares the token with the latest committed lease. A takeover
+//! needs the same lock in exclusive mode, so it waits until every write this
+//! check accepted has committed or aborted; writes of one holder share the
+//! lock and never wait for each other.
 
-use crate::errors::FlError;
-use crate::keys::{Key, Mode};
-use crate::lease::live_token;
+use crate::compat;
+use crate::errors::{quote_name, quoted_in_full, sql_literal, sqlstate, token_text, FlError};
+use crate::lease::{live_token, state_of};
+use crate::locktags::{LockTag, Mode};
 use crate::store::{now, read};
 use pgrx::pg_sys;
 use std::cell::RefCell;
 use std::collections::HashMap;
 
+/// `token` is not the live lease of `name`; `live` is the live token, if any.
+pub fn stale_token(name: &str, token: i64, live: Option<i64>) -> FlError {
+    FlError::new(
+        sqlstate::STALE_TOKEN,
+        format!("stale fencing token {token} for lock {}: live token is {}", quote_name(name), token_text(live)),
+    )
+    .detail(format!("lock: {}; presented token: {token}; live token: {}", quote_name(name), token_text(live)))
+    .hint("The lease was lost (expired, released or taken over). Acquire the lock again, re-read, and retry with the new token.")
+}
+
 /// Accept `token` for `name` only if it is the live lease right now.
 pub fn check(name: &str, token: i64) -> Result<(), FlError> {
-    Key::fence(name).lock(Mode::Shared);
-    let live = live_token(read(name)?.as_ref(), now());
+    LockTag::name(name).lock(Mode::Shared);
+    let live = match read(name)? {
+        Some(lease) => {
+            let state = state_of(&lease, now());
+            live_token(Some((&lease, state)))
+        }
+        None => None,
+    };
     if live == Some(token) {
         Ok(())
     } else {
-        Err(FlError::stale_token(name, token, live))
+        Err(stale_token(name, token, live))
     }
 }
 
@@ -31,6 +49,19 @@ pub fn assert(name: &str, token: i64) -> Result<(), FlError> {
     check(name, token)?;
     remember_assert(name, token);
     Ok(())
+}
+
+/// A DELETE, TRUNCATE, or UPDATE moving a row to another lock (`what` says
+/// which), with no `fenced_lock_assert` of `name` in this transaction.
+pub fn delete_without_assert(name: &str, what: &str) -> FlError {
+    // A cut name would be another lock's: show the call only for names shown whole.
+    let call = if quoted_in_full(name) {
+        format!("fenced_lock_assert({}, <token>)", sql_literal(name))
+    } else {
+        format!("fenced_lock_assert(<the lock name, {} bytes>, <token>)", name.len())
+    };
+    FlError::new(sqlstate::MISSING_TOKEN, format!("guarded {what} lock {} without a fencing token", quote_name(name)))
+        .hint(format!("Call {call} in the same transaction first."))
 }
 
 /// Names asserted in the current transaction (by local transaction id), with
@@ -45,13 +76,8 @@ thread_local! {
     static ASSERTED: RefCell<Asserted> = RefCell::new(Asserted { lxid: 0, names: HashMap::new() });
 }
 
-fn current_lxid() -> pg_sys::LocalTransactionId {
-    // SAFETY: MyProc is set for the life of a backend.
-    unsafe { (*pg_sys::MyProc).lxid }
-}
-
 fn remember_assert(name: &str, token: i64) {
-    let lxid = current_lxid();
+    let lxid = compat::current_lxid();
     ASSERTED.with(|a| {
         let mut a = a.borrow_mut();
         if a.lxid != lxid {
@@ -64,7 +90,7 @@ fn remember_assert(name: &str, token: i64) {
 
 /// The token this transaction asserted for `name`, if it did.
 pub fn asserted_token(name: &str) -> Option<i64> {
-    let lxid = current_lxid();
+    let lxid = compat::current_lxid();
     ASSERTED.with(|a| {
         let a = a.borrow();
         if a.lxid != lxid {
@@ -72,4 +98,29 @@ pub fn asserted_token(name: &str) -> Option<i64> {
         }
         a.names.get(name).copied()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stale_token_message_names_lock_and_both_tokens() {
+        let e = stale_token("inventory:1", 41, Some(42));
+        assert_eq!(e.sqlstate, "FL001");
+        assert!(e.message.contains("\"inventory:1\""));
+        assert!(e.message.contains("41") && e.message.contains("42"));
+        assert!(stale_token("x", 7, None).message.contains("live token is none"));
+    }
+
+    #[test]
+    fn the_hint_for_a_long_name_never_quotes_a_cut_name_as_a_lock() {
+        let long = format!("{}:tail", "x".repeat(100));
+        let e = delete_without_assert(&long, "delete under");
+        let hint = e.hint.unwrap();
+        assert!(!hint.contains(&"x".repeat(80)), "{hint}");
+        assert!(hint.contains(&format!("{} bytes", long.len())), "{hint}");
+        let short = delete_without_assert("it's:1", "delete under");
+        assert!(short.hint.unwrap().contains("fenced_lock_assert('it''s:1', <token>)"));
+    }
 }

@@ -1,5 +1,5 @@
 //! `fenced_lock_guard()`: the trigger that makes the database reject writes
-//! from a holder that lost its lease (SPEC §4).
+//! from a holder that lost its lease (docs/design.md, "The guard").
 //!
 //! ```sql
 //! CREATE TRIGGER inventory_fence
@@ -26,7 +26,7 @@
 //! Misuse (wrong timing or level, bad arguments, missing or mistyped columns)
 //! is reported every time the trigger fires, the first time included.
 
-use crate::errors::FlError;
+use crate::errors::{quote_name, sqlstate, token_text, FlError, MAX_NAME_BYTES};
 use crate::fence;
 use crate::template::Template;
 use pgrx::pg_sys;
@@ -73,7 +73,7 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
     unsafe {
         let ctx = (*fcinfo).context;
         if ctx.is_null() || (*ctx).type_ != pg_sys::NodeTag::T_TriggerData {
-            return Err(FlError::guard_not_before_row("?", "?"));
+            return Err(guard_not_before_row("?", "?"));
         }
         let td = ctx as *mut pg_sys::TriggerData;
         let event = (*td).tg_event;
@@ -89,13 +89,13 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
             // TRUNCATE fires statement-level triggers only.
             Op::Truncate
         } else if timing != pg_sys::TRIGGER_EVENT_BEFORE || !row_level {
-            return Err(FlError::guard_not_before_row(&table, &trigger_name));
+            return Err(guard_not_before_row(&table, &trigger_name));
         } else {
             match op_bits {
                 pg_sys::TRIGGER_EVENT_INSERT => Op::Insert,
                 pg_sys::TRIGGER_EVENT_UPDATE => Op::Update,
                 pg_sys::TRIGGER_EVENT_DELETE => Op::Delete,
-                _ => return Err(FlError::guard_not_before_row(&table, &trigger_name)),
+                _ => return Err(guard_not_before_row(&table, &trigger_name)),
             }
         };
 
@@ -125,7 +125,7 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
                 fence::check(&name, token)?;
                 if let Some(stored) = guard.stored_token(old, tupdesc) {
                     if token < stored {
-                        return Err(FlError::token_goes_backwards(&name, token, stored, Some(token)));
+                        return Err(token_goes_backwards(&name, token, stored, Some(token)));
                     }
                 }
                 Ok(Datum::from(new))
@@ -141,7 +141,7 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
                 // transaction that asserted that lock; per-row locks cannot
                 // all be checked by one statement.
                 if !guard.template.columns().is_empty() {
-                    return Err(FlError::guard_truncate_per_row(&table, &guard.template_text));
+                    return Err(guard_truncate_per_row(&table, &guard.template_text));
                 }
                 let name = guard.template_text_name()?;
                 check_delete(&name, "truncate under")?;
@@ -156,7 +156,7 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
 fn check_delete(name: &str, what: &str) -> Result<(), FlError> {
     match fence::asserted_token(name) {
         Some(token) => fence::check(name, token),
-        None => Err(FlError::delete_without_assert(name, what)),
+        None => Err(fence::delete_without_assert(name, what)),
     }
 }
 
@@ -169,7 +169,7 @@ unsafe fn resolve(
     tupdesc: pg_sys::TupleDesc,
 ) -> Result<Guard, FlError> {
     if args.is_empty() || args.len() > 2 {
-        return Err(FlError::guard_bad_arguments(table, trigger, args.len()));
+        return Err(guard_bad_arguments(table, trigger, args.len()));
     }
     let template_text = args[0].clone();
     let template = TEMPLATES.with(|cache| {
@@ -180,7 +180,7 @@ unsafe fn resolve(
         }
         let t = Rc::new(
             Template::parse(&template_text)
-                .map_err(|problem| FlError::guard_bad_template(table, trigger, &problem))?,
+                .map_err(|problem| guard_bad_template(table, trigger, &problem))?,
         );
         cache.borrow_mut().insert(tgoid, (template_text.clone(), t.clone()));
         Ok(t)
@@ -191,7 +191,7 @@ unsafe fn resolve(
     for c in template.columns() {
         // SAFETY: valid tuple descriptor of the trigger's relation.
         let attnum = unsafe { attnum(tupdesc, c) }
-            .ok_or_else(|| FlError::guard_missing_column(table, trigger, c, "template"))?;
+            .ok_or_else(|| guard_missing_column(table, trigger, c, "template"))?;
         // SAFETY: attnum is a user column of tupdesc.
         canonical |= !text_form_is_fixed(unsafe { pg_sys::SPI_gettypeid(tupdesc, attnum) });
         columns.insert(c.to_string(), attnum);
@@ -199,13 +199,13 @@ unsafe fn resolve(
     let token_column = args.get(1).cloned().unwrap_or_else(|| DEFAULT_TOKEN_COLUMN.to_string());
     // SAFETY: as above.
     let token_attnum = unsafe { attnum(tupdesc, &token_column) }
-        .ok_or_else(|| FlError::guard_missing_column(table, trigger, &token_column, "token"))?;
+        .ok_or_else(|| guard_missing_column(table, trigger, &token_column, "token"))?;
     // SAFETY: token_attnum is a valid user attribute of tupdesc.
     let typ = unsafe { pg_sys::SPI_gettypeid(tupdesc, token_attnum) };
     if typ != pg_sys::INT8OID {
         // SAFETY: format_type_be returns a palloc'd C string.
         let found = unsafe { CStr::from_ptr(pg_sys::format_type_be(typ)).to_string_lossy().into_owned() };
-        return Err(FlError::guard_token_not_bigint(table, trigger, &token_column, &found));
+        return Err(guard_token_not_bigint(table, trigger, &token_column, &found));
     }
     Ok(Guard {
         table: table.to_string(),
@@ -323,7 +323,7 @@ impl Guard {
                     Ok(Some(unsafe { CStr::from_ptr(v) }.to_string_lossy().into_owned()))
                 }
             },
-            |column| FlError::guard_null_template_value(&self.table, column, &self.template_text),
+            |column| guard_null_template_value(&self.table, column, &self.template_text),
         )?;
         drop(settings);
         self.checked_name(name)
@@ -337,7 +337,7 @@ impl Guard {
 
     fn checked_name(&self, name: String) -> Result<String, FlError> {
         crate::args::check_name("fenced_lock_guard", &name)
-            .map_err(|_| FlError::guard_bad_resolved_name(&self.table, &name))?;
+            .map_err(|_| guard_bad_resolved_name(&self.table, &name))?;
         Ok(name)
     }
 
@@ -350,7 +350,7 @@ impl Guard {
     ) -> Result<i64, FlError> {
         // SAFETY: as in stored_token.
         unsafe { self.stored_token(row, tupdesc) }
-            .ok_or_else(|| FlError::missing_token(name, &self.token_column))
+            .ok_or_else(|| missing_token(name, &self.token_column))
     }
 
     unsafe fn stored_token(&self, row: pg_sys::HeapTuple, tupdesc: pg_sys::TupleDesc) -> Option<i64> {
@@ -364,4 +364,101 @@ impl Guard {
 fn name_data(n: &pg_sys::NameData) -> String {
     // SAFETY: NameData is a NUL-terminated fixed-size C string.
     unsafe { CStr::from_ptr(n.data.as_ptr()) }.to_string_lossy().into_owned()
+}
+
+// ---- the errors the guard raises ------------------------------------------
+
+/// An UPDATE would lower the token stored in the row.
+fn token_goes_backwards(name: &str, token: i64, stored: i64, live: Option<i64>) -> FlError {
+    FlError::new(
+        sqlstate::STALE_TOKEN,
+        format!("stale fencing token {token} for lock {}: the row was already written with token {stored}", quote_name(name)),
+    )
+    .detail(format!(
+        "lock: {}; presented token: {token}; stored token: {stored}; live token: {}",
+        quote_name(name),
+        token_text(live)
+    ))
+    .hint("A later lease has written this row. Acquire the lock again, re-read, and retry with the new token.")
+}
+
+fn missing_token(name: &str, column: &str) -> FlError {
+    FlError::new(
+        sqlstate::MISSING_TOKEN,
+        format!("guarded write to lock {} without a fencing token: column \"{column}\" is NULL", quote_name(name)),
+    )
+    .hint(format!(
+        "Acquire the lock and set \"{column}\" to the token fenced_lock_try_acquire or fenced_lock_acquire returned."
+    ))
+}
+
+fn guard_truncate_per_row(table: &str, template: &str) -> FlError {
+    FlError::new(
+        sqlstate::INSUFFICIENT_PRIVILEGE,
+        format!("fenced_lock_guard: cannot truncate \"{table}\": its rows are guarded by per-row locks \"{template}\""),
+    )
+    .hint("Delete the rows instead, asserting each row's lock; only a table guarded by one lock name can be truncated.")
+}
+
+fn guard_not_before_row(table: &str, trigger: &str) -> FlError {
+    FlError::new(
+        sqlstate::TRIGGER_PROTOCOL_VIOLATED,
+        format!("fenced_lock_guard: trigger \"{trigger}\" on \"{table}\" must be BEFORE ... FOR EACH ROW (or BEFORE TRUNCATE)"),
+    )
+    .hint("Recreate it as: CREATE TRIGGER ... BEFORE INSERT OR UPDATE OR DELETE ON ... FOR EACH ROW EXECUTE FUNCTION fenced_lock_guard('<name template>', '<token column>').")
+}
+
+fn guard_bad_arguments(table: &str, trigger: &str, count: usize) -> FlError {
+    FlError::new(
+        sqlstate::INVALID_PARAMETER_VALUE,
+        format!(
+            "fenced_lock_guard: trigger \"{trigger}\" on \"{table}\" has {count} arguments; it takes a lock name template and optionally a token column"
+        ),
+    )
+    .hint("Example: EXECUTE FUNCTION fenced_lock_guard('inventory:{item_id}', 'fence_token').")
+}
+
+fn guard_bad_template(table: &str, trigger: &str, problem: &str) -> FlError {
+    FlError::new(
+        sqlstate::INVALID_PARAMETER_VALUE,
+        format!("fenced_lock_guard: trigger \"{trigger}\" on \"{table}\" has a bad lock name template: {problem}"),
+    )
+    .hint("Write columns as {column}; write literal braces as {{ and }}.")
+}
+
+fn guard_missing_column(table: &str, trigger: &str, column: &str, role: &str) -> FlError {
+    FlError::new(
+        sqlstate::UNDEFINED_COLUMN,
+        format!("fenced_lock_guard: {role} column \"{column}\" of trigger \"{trigger}\" does not exist in \"{table}\""),
+    )
+    .hint("Column names in the guard's arguments are case-sensitive and must name user columns of the table.")
+}
+
+fn guard_token_not_bigint(table: &str, trigger: &str, column: &str, found: &str) -> FlError {
+    FlError::new(
+        sqlstate::DATATYPE_MISMATCH,
+        format!("fenced_lock_guard: token column \"{column}\" of \"{table}\" (trigger \"{trigger}\") is {found}, not bigint"),
+    )
+    .hint("Store fencing tokens in a bigint column.")
+}
+
+fn guard_null_template_value(table: &str, column: &str, template: &str) -> FlError {
+    FlError::new(
+        sqlstate::NULL_VALUE_NOT_ALLOWED,
+        format!("fenced_lock_guard: column \"{column}\" of \"{table}\" is NULL, so lock name template \"{template}\" names no lock"),
+    )
+    .hint("Give the column a value, or make it NOT NULL.")
+}
+
+fn guard_bad_resolved_name(table: &str, name: &str) -> FlError {
+    let message = if name.is_empty() {
+        format!("fenced_lock_guard: the row of \"{table}\" resolves to an empty lock name")
+    } else {
+        format!(
+            "fenced_lock_guard: the row of \"{table}\" resolves to lock name {}, {} bytes long, more than {MAX_NAME_BYTES}",
+            quote_name(name),
+            name.len()
+        )
+    };
+    FlError::new(sqlstate::INVALID_PARAMETER_VALUE, message).hint("A lock name is non-empty text of at most 512 bytes.")
 }

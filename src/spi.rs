@@ -2,8 +2,8 @@
 //! the lease state: plans prepared once per backend, always run against the
 //! *latest* committed state.
 //!
-//! Why the latest snapshot: lease transitions of a name are serialized by an
-//! advisory lock (see `keys.rs`), not by MVCC. Once that lock is held, the
+//! Why the latest snapshot: lease transitions of a name are serialized by its
+//! name lock (see `locktags.rs`), not by MVCC. Once that lock is held, the
 //! latest snapshot shows the record the transition read, whatever the caller's
 //! isolation level; a REPEATABLE READ snapshot could hide it (RI triggers run
 //! their statements the same way).
@@ -28,11 +28,6 @@ thread_local! {
 /// in which case PostgreSQL's abort processing closes it).
 pub struct Connection {
     _private: (),
-}
-
-/// What the last statement did: how many rows it affected.
-pub struct Rows {
-    count: usize,
 }
 
 impl Connection {
@@ -70,8 +65,9 @@ impl Connection {
         plan
     }
 
-    /// Run `stmt` with `args` (`None` is SQL NULL) against the latest snapshot.
-    pub fn run(&self, stmt: &'static Statement, args: &[Option<Datum>]) -> Rows {
+    /// Run `stmt` with `args` (`None` is SQL NULL) against the latest
+    /// snapshot; returns how many rows it affected.
+    pub fn run(&self, stmt: &'static Statement, args: &[Option<Datum>]) -> usize {
         assert_eq!(args.len(), stmt.args.len(), "wrong argument count for {}", stmt.sql);
         let plan = self.plan(stmt);
         let mut values: Vec<Datum> = args.iter().map(|a| a.unwrap_or(Datum::from(0))).collect();
@@ -98,7 +94,7 @@ impl Connection {
         // SAFETY: we are inside a transaction.
         unsafe { pg_sys::CommandCounterIncrement() };
         // SAFETY: SPI_processed is set by the call above.
-        Rows { count: unsafe { pg_sys::SPI_processed } as usize }
+        unsafe { pg_sys::SPI_processed as usize }
     }
 }
 
@@ -108,15 +104,5 @@ impl Drop for Connection {
             // SAFETY: we connected in `open`.
             unsafe { pg_sys::SPI_finish() };
         }
-    }
-}
-
-impl Rows {
-    pub fn len(&self) -> usize {
-        self.count
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.count == 0
     }
 }

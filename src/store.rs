@@ -1,20 +1,27 @@
-//! Where lease state lives: the table `fenced_lock_internal.leases` and the
-//! sequence `fenced_lock_internal.token_seq`, written only through here.
+//! Where lease state lives: the tables `fenced_lock_internal.lease_records`
+//! (one record per name) and `fenced_lock_internal.lease_history` (one row
+//! per grant), and the sequence `fenced_lock_internal.token_seq`, written
+//! only through here (docs/design.md, "Objects").
 //!
-//! The functions are not SECURITY DEFINER. Instead, the caller's role is
-//! recorded first and each access to the private schema runs as the owner of
-//! the lease table, in a security-restricted context, with statements that
-//! name every object and operator by schema (`OPERATOR(pg_catalog.=)`), so a
-//! caller's `search_path` cannot change what they mean.
+//! Reads go straight through an index with `SnapshotSelf`, without SPI or a
+//! change of user. Writes run as the owner of the lease table, in a
+//! security-restricted context, with `search_path` pinned to
+//! `pg_catalog, pg_temp` and statements that name every object and operator
+//! by schema, so a caller's `search_path` cannot change what they mean.
+//!
+//! Columns are found by name when the objects are looked up, never by
+//! position: a table of another shape (an older or newer version of the
+//! extension's SQL) is either read correctly or refused with 55000.
 
-use crate::errors::FlError;
+use crate::datum::{interval_value, text_datum, text_value};
+use crate::errors::{quote_name, sqlstate, FlError};
 use crate::spi::{Connection, Statement};
-use crate::sqlfn::text_datum;
 use pgrx::pg_sys;
 use pgrx::pg_sys::Datum;
-use std::cell::Cell;
+use std::cell::RefCell;
+use std::ffi::{CStr, CString};
 
-pub const SCHEMA: &std::ffi::CStr = c"fenced_lock_internal";
+pub const SCHEMA: &CStr = c"fenced_lock_internal";
 
 /// Where a record is stored (its `ctid`), as block << 16 | offset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -26,17 +33,37 @@ impl Tid {
         Tid((block << 16) | p.ip_posid as u64)
     }
 
+    fn write(self, p: &mut pg_sys::ItemPointerData) {
+        let block = (self.0 >> 16) as u32;
+        p.ip_blkid.bi_hi = (block >> 16) as u16;
+        p.ip_blkid.bi_lo = (block & 0xFFFF) as u16;
+        p.ip_posid = (self.0 & 0xFFFF) as u16;
+    }
+
     /// A `tid` datum (palloc'd in the current memory context).
     fn datum(self) -> Datum {
-        let block = (self.0 >> 16) as u32;
         // SAFETY: palloc'd ItemPointerData, filled in full.
         unsafe {
-            let p = pg_sys::palloc(std::mem::size_of::<pg_sys::ItemPointerData>())
-                as *mut pg_sys::ItemPointerData;
-            (*p).ip_blkid.bi_hi = (block >> 16) as u16;
-            (*p).ip_blkid.bi_lo = (block & 0xFFFF) as u16;
-            (*p).ip_posid = (self.0 & 0xFFFF) as u16;
+            let p = pg_sys::palloc(std::mem::size_of::<pg_sys::ItemPointerData>()) as *mut pg_sys::ItemPointerData;
+            self.write(&mut *p);
             Datum::from(p)
+        }
+    }
+
+    /// A `tid[]` datum of `tids` (palloc'd).
+    fn array_datum(tids: &[Tid]) -> Datum {
+        let datums: Vec<Datum> = tids.iter().map(|t| t.datum()).collect();
+        // SAFETY: construct_array copies the six-byte by-reference tids.
+        unsafe {
+            let a = pg_sys::construct_array(
+                datums.as_ptr() as *mut Datum,
+                datums.len() as i32,
+                pg_sys::TIDOID,
+                std::mem::size_of::<pg_sys::ItemPointerData>() as i32,
+                false,
+                pg_sys::TYPALIGN_SHORT as std::ffi::c_char,
+            );
+            Datum::from(a)
         }
     }
 }
@@ -50,14 +77,17 @@ pub struct Lease {
     pub holder: Option<String>,
     pub owner: pg_sys::Oid,
     /// microseconds since 2000-01-01 (PostgreSQL's TimestampTz)
+    pub acquired_at: i64,
     pub expires_at: i64,
     /// the ttl it was granted with, in microseconds
     pub ttl_micros: i64,
+    /// ends with the session that acquired it (docs/design.md, "Session-bound leases")
+    pub session_bound: bool,
 }
 
 impl Lease {
-    /// Live: `expires_at` has not passed on the server's clock `now`.
-    pub fn is_live(&self, now: i64) -> bool {
+    /// `expires_at` has not passed on the server's clock `now`.
+    pub fn unexpired(&self, now: i64) -> bool {
         now < self.expires_at
     }
 }
@@ -81,7 +111,7 @@ pub fn role_name(role: pg_sys::Oid) -> String {
         if p.is_null() {
             format!("{}", role.to_u32())
         } else {
-            std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
+            CStr::from_ptr(p).to_string_lossy().into_owned()
         }
     }
 }
@@ -92,19 +122,58 @@ pub fn acts_for(role: pg_sys::Oid, owner: pg_sys::Oid) -> bool {
     unsafe { pg_sys::has_privs_of_role(role, owner) }
 }
 
+/// Attribute numbers (1-based) of the lease table's columns.
+#[derive(Clone, Copy)]
+struct LeaseColumns {
+    name: i16,
+    token: i16,
+    holder: i16,
+    owner: i16,
+    acquired_at: i16,
+    expires_at: i16,
+    ttl: i16,
+    /// absent in the 0.1.0 catalog
+    session_bound: Option<i16>,
+}
+
+/// The history table and its indexes (absent in the 0.1.0 catalog).
+#[derive(Clone, Copy)]
+struct HistoryObjects {
+    table: pg_sys::Oid,
+    by_token: pg_sys::Oid,
+    by_ended_at: pg_sys::Oid,
+    /// attnums of `token` and `ended_at`
+    token: i16,
+    ended_at: i16,
+}
+
 /// The extension's objects, looked up once per backend and forgotten on any
-/// relcache invalidation of them (DROP/CREATE EXTENSION, ALTER ... OWNER).
+/// relcache invalidation of them (DROP/CREATE/ALTER EXTENSION, ALTER ... OWNER).
 #[derive(Clone, Copy)]
 struct Objects {
     table: pg_sys::Oid,
-    index: pg_sys::Oid,
-    expiry_index: pg_sys::Oid,
+    by_name: pg_sys::Oid,
+    by_expiry: pg_sys::Oid,
     table_owner: pg_sys::Oid,
     sequence: pg_sys::Oid,
+    columns: LeaseColumns,
+    history: Option<HistoryObjects>,
+}
+
+impl Objects {
+    fn rels(&self) -> [pg_sys::Oid; 7] {
+        let h = self.history.map(|h| [h.table, h.by_token, h.by_ended_at]).unwrap_or_default();
+        [self.table, self.by_name, self.by_expiry, self.sequence, h[0], h[1], h[2]]
+    }
+
+    /// The catalog is the one this library was built for (not 0.1.0's).
+    fn current(&self) -> bool {
+        self.history.is_some() && self.columns.session_bound.is_some()
+    }
 }
 
 thread_local! {
-    static OBJECTS: Cell<Option<Objects>> = const { Cell::new(None) };
+    static OBJECTS: RefCell<Option<Objects>> = const { RefCell::new(None) };
 }
 
 pub fn register() {
@@ -115,93 +184,247 @@ pub fn register() {
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn forget_objects(_arg: Datum, relid: pg_sys::Oid) {
     OBJECTS.with(|o| {
-        if let Some(known) = o.get() {
-            if relid == pg_sys::InvalidOid
-                || [known.table, known.index, known.expiry_index, known.sequence].contains(&relid)
-            {
-                o.set(None);
+        let mut o = o.borrow_mut();
+        if let Some(known) = *o {
+            if relid == pg_sys::InvalidOid || known.rels().contains(&relid) {
+                *o = None;
             }
         }
     });
 }
 
+fn relid(nsp: pg_sys::Oid, name: &CStr) -> pg_sys::Oid {
+    // SAFETY: syscache lookup; InvalidOid when missing.
+    unsafe { pg_sys::get_relname_relid(name.as_ptr(), nsp) }
+}
+
+/// The attribute number of `column` in `rel`, if it has one of type `typ`.
+fn column(rel: pg_sys::Oid, column: &str, typ: pg_sys::Oid) -> Option<i16> {
+    let c = CString::new(column).ok()?;
+    // SAFETY: syscache lookups; InvalidAttrNumber when missing.
+    unsafe {
+        let attnum = pg_sys::get_attnum(rel, c.as_ptr());
+        (attnum > 0 && pg_sys::get_atttype(rel, attnum) == typ).then_some(attnum)
+    }
+}
+
 fn objects() -> Result<Objects, FlError> {
-    if let Some(known) = OBJECTS.with(|o| o.get()) {
+    if let Some(known) = OBJECTS.with(|o| *o.borrow()) {
         return Ok(known);
     }
     // SAFETY: syscache lookups; missing_ok so a dropped schema gives InvalidOid.
-    let found = unsafe {
-        let nsp = pg_sys::get_namespace_oid(SCHEMA.as_ptr(), true);
-        if nsp == pg_sys::InvalidOid {
-            return Err(FlError::not_installed("schema fenced_lock_internal"));
+    let nsp = unsafe { pg_sys::get_namespace_oid(SCHEMA.as_ptr(), true) };
+    if nsp == pg_sys::InvalidOid {
+        return Err(FlError::not_installed("schema fenced_lock_internal"));
+    }
+    // 0.1.0 called the lease table `leases`; a 0.1.0 catalog is read (so the
+    // guard keeps working until the update) but never written.
+    let (table, by_name, by_expiry) = match relid(nsp, c"lease_records") {
+        t if t != pg_sys::InvalidOid => (t, relid(nsp, c"lease_records_pkey"), relid(nsp, c"lease_records_expires_at")),
+        _ => (relid(nsp, c"leases"), relid(nsp, c"leases_pkey"), relid(nsp, c"leases_expires_at")),
+    };
+    let sequence = relid(nsp, c"token_seq");
+    if [table, by_name, by_expiry, sequence].contains(&pg_sys::InvalidOid) {
+        return Err(FlError::not_installed("the lease table, its indexes or the token sequence"));
+    }
+    let col = |name: &str, typ| column(table, name, typ);
+    let columns = match (
+        col("name", pg_sys::TEXTOID),
+        col("token", pg_sys::INT8OID),
+        col("holder", pg_sys::TEXTOID),
+        col("owner", pg_sys::REGROLEOID),
+        col("acquired_at", pg_sys::TIMESTAMPTZOID),
+        col("expires_at", pg_sys::TIMESTAMPTZOID),
+        col("ttl", pg_sys::INTERVALOID),
+    ) {
+        (Some(name), Some(token), Some(holder), Some(owner), Some(acquired_at), Some(expires_at), Some(ttl)) => {
+            LeaseColumns {
+                name,
+                token,
+                holder,
+                owner,
+                acquired_at,
+                expires_at,
+                ttl,
+                session_bound: col("session_bound", pg_sys::BOOLOID),
+            }
         }
-        let table = pg_sys::get_relname_relid(c"leases".as_ptr(), nsp);
-        let index = pg_sys::get_relname_relid(c"leases_pkey".as_ptr(), nsp);
-        let expiry_index = pg_sys::get_relname_relid(c"leases_expires_at".as_ptr(), nsp);
-        let sequence = pg_sys::get_relname_relid(c"token_seq".as_ptr(), nsp);
-        if [table, index, expiry_index, sequence].contains(&pg_sys::InvalidOid) {
-            return Err(FlError::not_installed("the lease table, its key or the token sequence"));
-        }
+        _ => return Err(catalog_mismatch("the lease table does not have the columns this library reads")),
+    };
+    let history_table = relid(nsp, c"lease_history");
+    let history = (history_table != pg_sys::InvalidOid).then(|| HistoryObjects {
+        table: history_table,
+        by_token: relid(nsp, c"lease_history_pkey"),
+        by_ended_at: relid(nsp, c"lease_history_ended_at"),
+        token: column(history_table, "token", pg_sys::INT8OID).unwrap_or(0),
+        ended_at: column(history_table, "ended_at", pg_sys::TIMESTAMPTZOID).unwrap_or(0),
+    });
+    if history.is_some_and(|h| {
+        h.by_token == pg_sys::InvalidOid || h.by_ended_at == pg_sys::InvalidOid || h.token == 0 || h.ended_at == 0
+    }) {
+        return Err(catalog_mismatch("the lease history table does not have the shape this library writes"));
+    }
+    // SAFETY: the relation exists (looked up above); closed at once.
+    let table_owner = unsafe {
         let rel = pg_sys::RelationIdGetRelation(table);
         if rel.is_null() {
             return Err(FlError::not_installed("the lease table"));
         }
-        let table_owner = (*(*rel).rd_rel).relowner;
+        let owner = (*(*rel).rd_rel).relowner;
         pg_sys::RelationClose(rel);
-        Objects { table, index, expiry_index, table_owner, sequence }
+        owner
     };
-    OBJECTS.with(|o| o.set(Some(found)));
+    let found = Objects { table, by_name, by_expiry, table_owner, sequence, columns, history };
+    OBJECTS.with(|o| *o.borrow_mut() = Some(found));
     Ok(found)
+}
+
+/// The installed SQL objects are not the ones this library was built for.
+fn catalog_mismatch(what: &str) -> FlError {
+    FlError::new(
+        sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!(
+            "fenced_lock: the extension's SQL objects do not match this library (version {}): {what}",
+            env!("CARGO_PKG_VERSION")
+        ),
+    )
+    .hint("Run ALTER EXTENSION fenced_lock UPDATE in this database.")
+}
+
+/// Lease changes need the current catalog; reads work on 0.1.0's too.
+fn objects_for_writing() -> Result<Objects, FlError> {
+    let objects = objects()?;
+    if objects.current() {
+        Ok(objects)
+    } else {
+        Err(catalog_mismatch("it is older (0.1.0), and lease changes need the updated objects"))
+    }
 }
 
 /// The lease record of `name` in the latest committed state (and this
 /// transaction's own changes), whatever the caller's isolation level.
 ///
-/// Reads go straight through an index, without SPI or a change of user, so
-/// the plan can never degrade into a sequential scan as the table grows.
-///
-/// They use `SnapshotSelf` (committed as of now, plus this transaction's own
-/// changes), not an MVCC snapshot: they are only ever made with the name's
-/// FENCE lock held (or for `validate`, which promises nothing about
-/// ordering), so no transition of the name can be in progress, and "committed
-/// as of now" is exactly the latest committed state. This spares taking a
-/// snapshot of every backend's state on each guarded write.
+/// Uses `SnapshotSelf` (committed as of now, plus this transaction's own
+/// changes), not an MVCC snapshot: reads are only ever made with the name
+/// lock held (or for `validate`, which promises nothing about ordering), so
+/// no transition of the name can be in progress, and "committed as of now" is
+/// exactly the latest committed state. This spares taking a snapshot of every
+/// backend's state on each guarded write.
 pub fn read(name: &str) -> Result<Option<Lease>, FlError> {
     let objects = objects()?;
     let mut found = None;
     // ScanKeyInit compares with the C collation, the key column's own.
-    let key = (1, pg_sys::BTEqualStrategyNumber, pg_sys::F_TEXTEQ, text_datum(name));
-    scan(&objects, objects.index, key, 1, |lease, _| found = Some(lease));
+    let key = ScanKey {
+        attno: objects.columns.name,
+        strategy: pg_sys::BTEqualStrategyNumber,
+        procedure: pg_sys::F_TEXTEQ,
+        argument: text_datum(name),
+    };
+    scan(objects.table, objects.by_name, key, 1, |tuple, desc| found = Some(lease_of(&objects.columns, tuple, desc)));
     Ok(found)
 }
 
 /// The names of up to `limit` records that expired before `before`, oldest first.
 fn expired_names(objects: &Objects, before: i64, limit: usize) -> Vec<String> {
     let mut out = Vec::new();
-    let key = (6, pg_sys::BTLessStrategyNumber, pg_sys::F_TIMESTAMPTZ_LT, Datum::from(before));
-    scan(objects, objects.expiry_index, key, limit, |_, name| out.push(name));
+    let key = ScanKey {
+        attno: objects.columns.expires_at,
+        strategy: pg_sys::BTLessStrategyNumber,
+        procedure: crate::compat::TIMESTAMPTZ_LT,
+        argument: Datum::from(before),
+    };
+    scan(objects.table, objects.by_expiry, key, limit, |tuple, desc| {
+        let row = Row::deform(tuple, desc);
+        // SAFETY: `name` is a non-NULL text column.
+        out.push(unsafe { text_value(row.value(objects.columns.name)) });
+    });
     out
 }
 
-/// Scan the lease table through `index` for `(attno, strategy, operator
-/// procedure, argument)` with `SnapshotSelf`, in index order, handing up to
-/// `limit` records (and their names) to `each`.
-fn scan(
-    objects: &Objects,
-    index: pg_sys::Oid,
-    (attno, strategy, procedure, argument): (i16, u32, u32, Datum),
-    limit: usize,
-    mut each: impl FnMut(Lease, String),
-) {
-    // SAFETY: the table and index exist (looked up by `objects`, and any DROP
-    // invalidates that cache); AccessShareLock keeps them until commit. The
-    // tuple's pass-by-reference values are copied out before endscan.
+/// The names of up to `limit` session-bound records, for the reaper.
+fn session_bound_names(objects: &Objects, limit: usize) -> Vec<(String, i64)> {
+    let Some(attno) = objects.columns.session_bound else { return Vec::new() };
+    let mut out = Vec::new();
+    // SAFETY: a plain heap scan with SnapshotSelf, like `scan`.
     unsafe {
         let rel = pg_sys::table_open(objects.table, pg_sys::AccessShareLock as i32);
-        let snapshot = &raw mut pg_sys::SnapshotSelfData;
-        let mut key: pg_sys::ScanKeyData = std::mem::zeroed();
-        pg_sys::ScanKeyInit(&mut key, attno, strategy as u16, pg_sys::Oid::from(procedure), argument);
-        let scan = pg_sys::systable_beginscan(rel, index, true, snapshot, 1, &mut key);
+        let scan = pg_sys::systable_beginscan(rel, pg_sys::InvalidOid, false, &raw mut pg_sys::SnapshotSelfData, 0, std::ptr::null_mut());
+        while out.len() < limit {
+            let tuple = pg_sys::systable_getnext(scan);
+            if tuple.is_null() {
+                break;
+            }
+            let row = Row::deform(tuple, (*rel).rd_att);
+            if !row.is_null(attno) && row.value(attno).value() != 0 {
+                out.push((text_value(row.value(objects.columns.name)), row.value(objects.columns.token).value() as i64));
+            }
+        }
+        pg_sys::systable_endscan(scan);
+        pg_sys::table_close(rel, pg_sys::NoLock as i32);
+    }
+    out
+}
+
+/// History rows of ended leases whose end is before `before`, up to `limit`.
+fn ended_history(history: &HistoryObjects, before: i64, limit: usize) -> Vec<Tid> {
+    let mut out = Vec::new();
+    let key = ScanKey {
+        attno: history.ended_at,
+        strategy: pg_sys::BTLessStrategyNumber,
+        procedure: crate::compat::TIMESTAMPTZ_LT,
+        argument: Datum::from(before),
+    };
+    scan(history.table, history.by_ended_at, key, limit, |tuple, _| {
+        // SAFETY: a tuple handed out by the scan.
+        out.push(Tid::from_item_pointer(unsafe { &(*tuple).t_self }));
+    });
+    out
+}
+
+/// The history row of `token`, if there is one and it has not ended.
+fn open_history_row(history: &HistoryObjects, token: i64) -> Option<Tid> {
+    let mut found = None;
+    let key = ScanKey {
+        attno: history.token,
+        strategy: pg_sys::BTEqualStrategyNumber,
+        procedure: pg_sys::F_INT8EQ,
+        argument: Datum::from(token),
+    };
+    scan(history.table, history.by_token, key, 1, |tuple, desc| {
+        let row = Row::deform(tuple, desc);
+        if row.is_null(history.ended_at) {
+            // SAFETY: a tuple handed out by the scan.
+            found = Some(Tid::from_item_pointer(unsafe { &(*tuple).t_self }));
+        }
+    });
+    found
+}
+
+struct ScanKey {
+    attno: i16,
+    strategy: u32,
+    procedure: u32,
+    argument: Datum,
+}
+
+/// Scan `table` through `index` for `key` (its `attno` is the table's column;
+/// systable_beginscan maps it to the index's) with `SnapshotSelf`, in index
+/// order, handing up to `limit` tuples to `each`.
+fn scan(
+    table: pg_sys::Oid,
+    index: pg_sys::Oid,
+    key: ScanKey,
+    limit: usize,
+    mut each: impl FnMut(pg_sys::HeapTuple, pg_sys::TupleDesc),
+) {
+    // SAFETY: the table and index exist (looked up by `objects`, and any DROP
+    // invalidates that cache); AccessShareLock keeps them until commit. `each`
+    // copies what it keeps before the scan moves on.
+    unsafe {
+        let rel = pg_sys::table_open(table, pg_sys::AccessShareLock as i32);
+        let mut skey: pg_sys::ScanKeyData = std::mem::zeroed();
+        pg_sys::ScanKeyInit(&mut skey, key.attno, key.strategy as u16, pg_sys::Oid::from(key.procedure), key.argument);
+        let scan = pg_sys::systable_beginscan(rel, index, true, &raw mut pg_sys::SnapshotSelfData, 1, &mut skey);
         let mut seen = 0;
         while seen < limit {
             let tuple = pg_sys::systable_getnext(scan);
@@ -209,81 +432,148 @@ fn scan(
                 break;
             }
             seen += 1;
-            const NATTS: usize = 7;
-            let mut values = [Datum::from(0); NATTS];
-            let mut nulls = [false; NATTS];
-            pg_sys::heap_deform_tuple(tuple, (*rel).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr());
-            let text = |d: Datum| <String as pgrx::FromDatum>::from_datum(d, false).unwrap_or_default();
-            // columns: name, token, holder, owner, acquired_at, expires_at, ttl
-            let lease = Lease {
-                tid: Tid::from_item_pointer(&(*tuple).t_self),
-                token: values[1].value() as i64,
-                holder: (!nulls[2]).then(|| text(values[2])),
-                owner: pg_sys::Oid::from(values[3].value() as u32),
-                expires_at: values[5].value() as i64,
-                ttl_micros: crate::sqlfn::interval_value(values[6]).total_micros().clamp(0, i64::MAX as i128)
-                    as i64,
-            };
-            each(lease, text(values[0]));
+            each(tuple, (*rel).rd_att);
         }
         pg_sys::systable_endscan(scan);
         pg_sys::table_close(rel, pg_sys::NoLock as i32);
     }
 }
 
-/// An open session on the lease state, running as the table's owner until dropped.
+/// A deformed tuple: one value and null flag per attribute of its
+/// descriptor, however many that is.
+struct Row {
+    values: Vec<Datum>,
+    nulls: Vec<bool>,
+}
+
+impl Row {
+    fn deform(tuple: pg_sys::HeapTuple, desc: pg_sys::TupleDesc) -> Row {
+        // SAFETY: the arrays have exactly natts entries, as heap_deform_tuple
+        // writes; pass-by-reference values point into the tuple, which the
+        // caller keeps until it has copied them.
+        unsafe {
+            let natts = (*desc).natts as usize;
+            let mut row = Row { values: vec![Datum::from(0); natts], nulls: vec![true; natts] };
+            pg_sys::heap_deform_tuple(tuple, desc, row.values.as_mut_ptr(), row.nulls.as_mut_ptr());
+            row
+        }
+    }
+
+    fn is_null(&self, attno: i16) -> bool {
+        self.nulls.get(attno as usize - 1).copied().unwrap_or(true)
+    }
+
+    fn value(&self, attno: i16) -> Datum {
+        self.values[attno as usize - 1]
+    }
+}
+
+fn lease_of(c: &LeaseColumns, tuple: pg_sys::HeapTuple, desc: pg_sys::TupleDesc) -> Lease {
+    let row = Row::deform(tuple, desc);
+    // SAFETY: the columns were checked by name and type in `objects`; NOT
+    // NULL columns are read as values, holder only when not NULL.
+    unsafe {
+        Lease {
+            tid: Tid::from_item_pointer(&(*tuple).t_self),
+            token: row.value(c.token).value() as i64,
+            holder: (!row.is_null(c.holder)).then(|| text_value(row.value(c.holder))),
+            owner: pg_sys::Oid::from(row.value(c.owner).value() as u32),
+            acquired_at: row.value(c.acquired_at).value() as i64,
+            expires_at: row.value(c.expires_at).value() as i64,
+            ttl_micros: interval_value(row.value(c.ttl)).total_micros().clamp(0, i64::MAX as i128) as i64,
+            session_bound: c.session_bound.is_some_and(|a| !row.is_null(a) && row.value(a).value() != 0),
+        }
+    }
+}
+
+/// How a lease ended, as `lease_history.ended_by` records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    Release,
+    Expiry,
+    ForceRelease,
+    SessionEnd,
+}
+
+impl Ending {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Ending::Release => "release",
+            Ending::Expiry => "expiry",
+            Ending::ForceRelease => "force_release",
+            Ending::SessionEnd => "session_end",
+        }
+    }
+}
+
+/// A new lease to record.
+pub struct Grant<'a> {
+    pub name: &'a str,
+    pub token: i64,
+    pub holder: Option<&'a str>,
+    pub owner: pg_sys::Oid,
+    pub now: i64,
+    pub ttl_micros: i64,
+    pub session_bound: bool,
+}
+
+/// An open session on the lease state, running as the table's owner with a
+/// safe `search_path` until dropped.
 pub struct Store {
     spi: Connection,
     objects: Objects,
     saved_user: pg_sys::Oid,
     saved_context: i32,
+    guc_nest_level: i32,
 }
 
 impl Store {
     pub fn open() -> Result<Store, FlError> {
-        let objects = objects()?;
+        let objects = objects_for_writing()?;
         let mut saved_user = pg_sys::InvalidOid;
         let mut saved_context = 0;
-        // SAFETY: save and switch the current user; restored in Drop (also
-        // when an error unwinds), and by PostgreSQL's abort processing.
-        unsafe {
+        // SAFETY: save and switch the current user, and push a GUC nest level
+        // for search_path, as contrib/amcheck does around its checks; both are
+        // restored in Drop, and by PostgreSQL's abort processing on error.
+        let guc_nest_level = unsafe {
             pg_sys::GetUserIdAndSecContext(&mut saved_user, &mut saved_context);
             pg_sys::SetUserIdAndSecContext(
                 objects.table_owner,
-                saved_context
-                    | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32
-                    | pg_sys::SECURITY_RESTRICTED_OPERATION as i32,
+                saved_context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32 | pg_sys::SECURITY_RESTRICTED_OPERATION as i32,
             );
-        }
-        Ok(Store { spi: Connection::open(), objects, saved_user, saved_context })
+            let level = pg_sys::NewGUCNestLevel();
+            pg_sys::set_config_option(
+                c"search_path".as_ptr(),
+                c"pg_catalog, pg_temp".as_ptr(),
+                pg_sys::GucContext::PGC_USERSET,
+                pg_sys::GucSource::PGC_S_SESSION,
+                pg_sys::GucAction::GUC_ACTION_SAVE,
+                true,
+                0,
+                false,
+            );
+            level
+        };
+        Ok(Store { spi: Connection::open(), objects, saved_user, saved_context, guc_nest_level })
     }
 
-    pub fn next_token(&self) -> i64 {
+    pub fn next_token(&self) -> Result<i64, FlError> {
         crate::token::next_token(&self.spi, self.objects.sequence)
     }
 
-    /// Record a new lease of `name`, replacing the (expired) record at
-    /// `replaces` if there is one.
-    #[allow(clippy::too_many_arguments)]
-    pub fn grant(
-        &self,
-        name: &str,
-        replaces: Option<Tid>,
-        token: i64,
-        holder: Option<&str>,
-        owner: pg_sys::Oid,
-        now: i64,
-        ttl: Datum,
-        ttl_micros: i64,
-    ) -> Result<(), FlError> {
+    /// Record a new lease, replacing the (ended) record at `replaces` if
+    /// there is one, and open its history row unless history is off.
+    pub fn grant(&self, g: &Grant, replaces: Option<Tid>) -> Result<(), FlError> {
+        let expires_at = expiry(g.now, g.ttl_micros);
         let mut args = vec![
-            Some(text_datum(name)),
-            Some(Datum::from(token)),
-            holder.map(text_datum),
-            Some(Datum::from(owner)),
-            Some(Datum::from(now)),
-            Some(Datum::from(expiry(now, ttl_micros))),
-            Some(ttl),
+            Some(text_datum(g.name)),
+            Some(Datum::from(g.token)),
+            g.holder.map(text_datum),
+            Some(Datum::from(g.owner)),
+            Some(Datum::from(g.now)),
+            Some(Datum::from(expires_at)),
+            Some(crate::datum::interval_datum(g.ttl_micros)),
+            Some(Datum::from(g.session_bound)),
         ];
         let stmt = match replaces {
             Some(tid) => {
@@ -292,44 +582,80 @@ impl Store {
             }
             None => &INSERT,
         };
-        expect_one(self.spi.run(stmt, &args).len(), name)
+        expect_one(self.spi.run(stmt, &args), g.name)?;
+        if crate::settings::history_retention_seconds() > 0 {
+            let args = [
+                Some(Datum::from(g.token)),
+                Some(text_datum(g.name)),
+                g.holder.map(text_datum),
+                Some(name_datum(&role_name(g.owner))),
+                Some(Datum::from(g.session_bound)),
+                Some(Datum::from(g.now)),
+                Some(Datum::from(expires_at)),
+            ];
+            self.spi.run(&HISTORY_INSERT, &args);
+        }
+        Ok(())
     }
 
     /// Move the expiry of `lease` to `now + ttl`. The ttl the lease was
     /// granted with stays recorded: `renew(name, token)` keeps using it.
     pub fn extend(&self, name: &str, lease: &Lease, now: i64, ttl_micros: i64) -> Result<(), FlError> {
         let args = [Some(lease.tid.datum()), Some(Datum::from(expiry(now, ttl_micros)))];
-        expect_one(self.spi.run(&EXTEND, &args).len(), name)
+        expect_one(self.spi.run(&EXTEND, &args), name)
     }
 
-    /// Remove the record of `lease`.
-    pub fn delete(&self, name: &str, lease: &Lease) -> Result<(), FlError> {
-        expect_one(self.spi.run(&DELETE, &[Some(lease.tid.datum())]).len(), name)
+    /// Remove the record of `lease`, which ended as `ending` at `ended_at`
+    /// (by `role`, for a release or force release).
+    pub fn end(&self, name: &str, lease: &Lease, ending: Ending, ended_at: i64, role: Option<pg_sys::Oid>) -> Result<(), FlError> {
+        expect_one(self.spi.run(&DELETE, &[Some(lease.tid.datum())]), name)?;
+        self.record_end(lease, ending, ended_at, role);
+        Ok(())
     }
 
-    /// Remove up to `limit` records that expired before `before`, skipping
-    /// names whose fence lock is busy. Keeps the table from growing without
-    /// bound when leases are left to expire instead of being released.
-    pub fn reap(&self, before: i64, limit: usize) -> Result<usize, FlError> {
-        let mut reaped = 0;
-        for name in expired_names(&self.objects, before, limit) {
-            if !crate::keys::Key::fence(&name).try_lock(crate::keys::Mode::Exclusive) {
-                continue;
-            }
-            // Under the lock, re-read: the record may have been replaced.
-            if let Some(lease) = read(&name)?.filter(|l| l.expires_at < before) {
-                self.delete(&name, &lease)?;
-                reaped += 1;
-            }
+    /// Close the history row of `lease` (if history has one).
+    pub fn record_end(&self, lease: &Lease, ending: Ending, ended_at: i64, role: Option<pg_sys::Oid>) {
+        let history = self.objects.history.expect("current catalog");
+        if let Some(tid) = open_history_row(&history, lease.token) {
+            let args = [
+                Some(tid.datum()),
+                Some(Datum::from(ended_at)),
+                Some(text_datum(ending.as_str())),
+                role.map(|r| name_datum(&role_name(r))),
+                Some(Datum::from(lease.expires_at)),
+            ];
+            self.spi.run(&HISTORY_END, &args);
         }
-        Ok(reaped)
+    }
+
+    /// Up to `limit` names whose records expired before `before`.
+    pub fn expired_names(&self, before: i64, limit: usize) -> Vec<String> {
+        expired_names(&self.objects, before, limit)
+    }
+
+    /// Up to `limit` names with session-bound records, and their tokens.
+    pub fn session_bound_names(&self, limit: usize) -> Vec<(String, i64)> {
+        session_bound_names(&self.objects, limit)
+    }
+
+    /// Delete up to `limit` history rows that ended before `before`.
+    pub fn prune_history(&self, before: i64, limit: usize) -> usize {
+        let history = self.objects.history.expect("current catalog");
+        let tids = ended_history(&history, before, limit);
+        if !tids.is_empty() {
+            self.spi.run(&HISTORY_PRUNE, &[Some(Tid::array_datum(&tids))]);
+        }
+        tids.len()
     }
 }
 
 impl Drop for Store {
     fn drop(&mut self) {
-        // SAFETY: restores what `open` saved.
-        unsafe { pg_sys::SetUserIdAndSecContext(self.saved_user, self.saved_context) };
+        // SAFETY: restores what `open` saved, in reverse order.
+        unsafe {
+            pg_sys::AtEOXact_GUC(false, self.guc_nest_level);
+            pg_sys::SetUserIdAndSecContext(self.saved_user, self.saved_context);
+        }
     }
 }
 
@@ -337,22 +663,31 @@ fn expiry(now: i64, ttl_micros: i64) -> i64 {
     now.saturating_add(ttl_micros)
 }
 
-/// A write we decided on under the fence lock must hit exactly one row. If it
+/// A `name` datum (palloc'd), for role names in the history.
+fn name_datum(s: &str) -> Datum {
+    let c = CString::new(s.replace('\0', "")).unwrap_or_default();
+    // SAFETY: namein copies (and truncates to NAMEDATALEN) into a palloc'd NameData.
+    unsafe { pg_sys::DirectFunctionCall1Coll(Some(namein), pg_sys::InvalidOid, Datum::from(c.as_ptr())) }
+}
+
+// namein is called through DirectFunctionCall; pgrx's binding of it is a
+// Rust wrapper, which fmgr cannot take as a function pointer.
+unsafe extern "C-unwind" {
+    fn namein(fcinfo: pg_sys::FunctionCallInfo) -> Datum;
+}
+
+/// A write we decided on under the name lock must hit exactly one row. If it
 /// does not, the caller's snapshot rules hid the row from the statement: fail
 /// as a serialization failure, which is safe to retry.
 fn expect_one(n: usize, name: &str) -> Result<(), FlError> {
     if n == 1 {
         Ok(())
     } else {
-        Err(FlError {
-            sqlstate: "40001",
-            message: format!(
-                "fenced_lock: lease record of lock {} changed concurrently",
-                crate::errors::quote_name(name)
-            ),
-            detail: None,
-            hint: Some("Retry the transaction.".into()),
-        })
+        Err(FlError::new(
+            sqlstate::SERIALIZATION_FAILURE,
+            format!("fenced_lock: lease record of lock {} changed concurrently", quote_name(name)),
+        )
+        .hint("Retry the transaction."))
     }
 }
 
@@ -362,26 +697,47 @@ const TS: pg_sys::Oid = pg_sys::TIMESTAMPTZOID;
 const IV: pg_sys::Oid = pg_sys::INTERVALOID;
 const ROLE: pg_sys::Oid = pg_sys::REGROLEOID;
 const TID: pg_sys::Oid = pg_sys::TIDOID;
+const B: pg_sys::Oid = pg_sys::BOOLOID;
+const NAME: pg_sys::Oid = pg_sys::NAMEOID;
 
 static INSERT: Statement = Statement {
-    sql:
-        "INSERT INTO fenced_lock_internal.leases (name, token, holder, owner, acquired_at, expires_at, ttl) \
-          VALUES ($1, $2, $3, $4, $5, $6, $7)",
-    args: &[T, I8, T, ROLE, TS, TS, IV],
+    sql: "INSERT INTO fenced_lock_internal.lease_records \
+          (name, token, holder, owner, acquired_at, expires_at, ttl, session_bound) \
+          VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+    args: &[T, I8, T, ROLE, TS, TS, IV, B],
 };
 
 static REGRANT: Statement = Statement {
-    sql: "UPDATE fenced_lock_internal.leases SET name = $1, token = $2, holder = $3, owner = $4, \
-          acquired_at = $5, expires_at = $6, ttl = $7 WHERE ctid OPERATOR(pg_catalog.=) $8",
-    args: &[T, I8, T, ROLE, TS, TS, IV, TID],
+    sql: "UPDATE fenced_lock_internal.lease_records SET name = $1, token = $2, holder = $3, owner = $4, \
+          acquired_at = $5, expires_at = $6, ttl = $7, session_bound = $8 WHERE ctid OPERATOR(pg_catalog.=) $9",
+    args: &[T, I8, T, ROLE, TS, TS, IV, B, TID],
 };
 
 static EXTEND: Statement = Statement {
-    sql: "UPDATE fenced_lock_internal.leases SET expires_at = $2 WHERE ctid OPERATOR(pg_catalog.=) $1",
+    sql: "UPDATE fenced_lock_internal.lease_records SET expires_at = $2 WHERE ctid OPERATOR(pg_catalog.=) $1",
     args: &[TID, TS],
 };
 
 static DELETE: Statement = Statement {
-    sql: "DELETE FROM fenced_lock_internal.leases WHERE ctid OPERATOR(pg_catalog.=) $1",
+    sql: "DELETE FROM fenced_lock_internal.lease_records WHERE ctid OPERATOR(pg_catalog.=) $1",
     args: &[TID],
+};
+
+static HISTORY_INSERT: Statement = Statement {
+    sql: "INSERT INTO fenced_lock_internal.lease_history \
+          (token, name, holder, owner, session_bound, acquired_at, expires_at) \
+          VALUES ($1, $2, $3, $4, $5, $6, $7)",
+    args: &[I8, T, T, NAME, B, TS, TS],
+};
+
+static HISTORY_END: Statement = Statement {
+    sql: "UPDATE fenced_lock_internal.lease_history \
+          SET ended_at = $2, ended_by = $3, ended_by_role = $4, expires_at = $5 \
+          WHERE ctid OPERATOR(pg_catalog.=) $1",
+    args: &[TID, TS, T, NAME, TS],
+};
+
+static HISTORY_PRUNE: Statement = Statement {
+    sql: "DELETE FROM fenced_lock_internal.lease_history WHERE ctid OPERATOR(pg_catalog.=) ANY ($1)",
+    args: &[pg_sys::TIDARRAYOID],
 };

@@ -1,4 +1,5 @@
-//! Fencing tokens: one sequence, with the timeline as an epoch in the high bits.
+//! Fencing tokens: one sequence, with the timeline as an epoch in the high
+//! bits (docs/design.md, "Tokens").
 //!
 //! Format: `token = epoch << 47 | counter`, where `epoch` is at least the
 //! server's current timeline ID minus one. On timeline 1 (a server that was
@@ -12,6 +13,8 @@
 //! tokens also keep growing across crashes, `pg_dump`/restore and `pg_upgrade`
 //! (which keep the sequence even where they reset the timeline).
 
+use crate::errors::{sqlstate, FlError};
+use crate::locktags::{LockTag, Mode};
 use crate::spi::Statement;
 use pgrx::pg_sys;
 use pgrx::pg_sys::Datum;
@@ -33,39 +36,64 @@ pub fn epoch_for_timeline(timeline: u32) -> i64 {
     (timeline as i64 - 1).max(0)
 }
 
-static SETVAL: Statement = Statement {
-    sql: "SELECT pg_catalog.setval($1, $2, true)",
-    args: &[pg_sys::REGCLASSOID, pg_sys::INT8OID],
-};
+static SETVAL: Statement =
+    Statement { sql: "SELECT pg_catalog.setval($1, $2, true)", args: &[pg_sys::REGCLASSOID, pg_sys::INT8OID] };
+
+// nextval_oid is called through DirectFunctionCall; pgrx's binding of it is a
+// Rust wrapper, which fmgr cannot take as a function pointer.
+unsafe extern "C-unwind" {
+    fn nextval_oid(fcinfo: pg_sys::FunctionCallInfo) -> Datum;
+}
 
 fn nextval(seq: pg_sys::Oid) -> i64 {
     // SAFETY: nextval_oid takes a regclass datum; the sequence exists (looked
     // up by the caller) and its owner runs this call.
-    let d = unsafe {
-        pg_sys::DirectFunctionCall1Coll(Some(crate::sqlfn::nextval_oid), pg_sys::InvalidOid, Datum::from(seq))
-    };
+    let d = unsafe { pg_sys::DirectFunctionCall1Coll(Some(nextval_oid), pg_sys::InvalidOid, Datum::from(seq)) };
     d.value() as i64
 }
 
-/// A new token, greater than every token handed out before (SPEC §2, §7).
-pub fn next_token(spi: &crate::spi::Connection, seq: pg_sys::Oid) -> i64 {
-    // SAFETY: GetWALInsertionTimeLine is valid on a primary, which is the only
-    // place a grant can run (nextval fails on a standby).
-    let timeline = unsafe { pg_sys::GetWALInsertionTimeLine() };
-    let epoch = epoch_for_timeline(timeline);
+/// Lease changes write: refuse them, clearly, where nothing can be written.
+pub fn check_writable(function: &str) -> Result<(), FlError> {
+    // SAFETY: plain accessors of the backend's state.
+    let (in_recovery, read_only) = unsafe { (pg_sys::RecoveryInProgress(), pg_sys::XactReadOnly) };
+    if in_recovery {
+        Err(FlError::new(
+            sqlstate::READ_ONLY_SQL_TRANSACTION,
+            format!("{function}: cannot change a lease on a standby server (recovery is in progress)"),
+        )
+        .hint("Connect to the primary, for example with target_session_attrs=read-write in the connection string."))
+    } else if read_only {
+        Err(FlError::new(
+            sqlstate::READ_ONLY_SQL_TRANSACTION,
+            format!("{function}: cannot change a lease in a read-only transaction"),
+        )
+        .hint("Run it in a read-write transaction."))
+    } else {
+        Ok(())
+    }
+}
+
+/// A new token, greater than every token handed out before, even across a
+/// failover (docs/design.md, "Tokens"). Callers have checked `check_writable`.
+pub fn next_token(spi: &crate::spi::Connection, seq: pg_sys::Oid) -> Result<i64, FlError> {
+    check_writable("fenced_lock")?;
+    let epoch = epoch_for_timeline(crate::compat::insert_timeline());
     let token = nextval(seq);
     if epoch_of(token) >= epoch {
-        return token;
+        return Ok(token);
     }
-    // First grant on a new timeline: jump the sequence once, under a lock so
-    // that two backends cannot both set it (the second would move it back).
-    crate::keys::Key::epoch().lock(crate::keys::Mode::Exclusive);
-    let token = nextval(seq);
-    if epoch_of(token) >= epoch {
-        return token;
+    // First grant on a new timeline: jump the sequence once. The epoch lock
+    // keeps two backends from both setting it (the second would move it
+    // back); setval is not transactional, so the lock can go right after.
+    let epoch_lock = LockTag::epoch();
+    epoch_lock.lock(Mode::Exclusive);
+    let mut token = nextval(seq);
+    if epoch_of(token) < epoch {
+        spi.run(&SETVAL, &[Some(Datum::from(seq)), Some(Datum::from(epoch_floor(epoch)))]);
+        token = nextval(seq);
     }
-    spi.run(&SETVAL, &[Some(Datum::from(seq)), Some(Datum::from(epoch_floor(epoch)))]);
-    nextval(seq)
+    epoch_lock.unlock(Mode::Exclusive);
+    Ok(token)
 }
 
 #[cfg(test)]

@@ -1,45 +1,58 @@
-//! `fenced_lock_acquire`: wait for a lock, FIFO, asleep (SPEC §6).
+//! `fenced_lock_acquire`: wait for a lock, FIFO, asleep (docs/design.md,
+//! "Waiting").
 //!
-//! 1. One attempt as `fenced_lock_try_acquire` makes it (granted if the name is
-//!    free and nobody is queued, or if the same holder asks again).
-//! 2. Otherwise the waiter queues on the name's QUEUE advisory lock. PostgreSQL's
-//!    lock manager keeps the queue: arrival order, asleep, cancellable,
-//!    deadlock-checked. Waiters never queue on the FENCE key, so they never
+//! 1. One attempt as `fenced_lock_try_acquire` makes it, never waiting
+//!    (granted if the name is free and nobody is queued, or if the same
+//!    holder or session asks again).
+//! 2. Otherwise the waiter queues on the name's queue lock. PostgreSQL's lock
+//!    manager keeps the queue: arrival order, asleep, cancellable,
+//!    deadlock-checked. Waiters never queue on the name lock, so they never
 //!    block the holder's guarded writes or its release.
-//! 3. The holder of the QUEUE lock is the head waiter. It alone watches the
-//!    lease: it sleeps on its latch until the lease's expiry instant (at most
-//!    `RECHECK_MS`), and a release or force release sets its latch at once
-//!    (found through the lock manager: whoever holds the QUEUE lock). When it
-//!    gets the lease, its QUEUE lock goes at commit and the next waiter is head.
+//! 3. The holder of the queue lock is the head waiter. It alone watches the
+//!    lease: it waits for in-flight guarded writes on the name lock, then
+//!    sleeps on its latch until the lease's expiry instant (at most
+//!    `RECHECK_MS`); a release, force release, shortening renew or the end of
+//!    the holder's session sets its latch at once (found through the lock
+//!    manager: whoever holds the queue lock). When it gets the lease, its
+//!    queue lock goes at commit and the next waiter is head.
 //!
-//! No shared memory of its own, so nothing needs `shared_preload_libraries`.
 //! `wait` and `lock_timeout` (whichever is shorter) bound every part of the
 //! wait, lock-manager waits included; cancel and `statement_timeout` end it at
-//! once and, being errors, leave no lease, queue place or lock behind.
+//! once and, being errors, leave no lease, queue place or lock behind. A
+//! waiter whose client has gone away leaves the line instead of being served
+//! (`compat::client_gone`).
 
-use crate::errors::FlError;
-use crate::keys::{Key, Mode};
+use crate::errors::{quote_name, sqlstate, FlError};
 use crate::lease::{attempt_acquire, AcquireRequest, Attempt};
+use crate::locktags::{LockTag, Mode};
+use crate::stats::Event;
 use crate::store::{now, Store};
+use crate::{compat, registry, stats};
 use pgrx::pg_sys;
 use pgrx::{PgSqlErrorCode, PgTryBuilder};
 
-/// The head re-reads the lease at least this often, whatever happens: a
-/// safety net, not the wake-up mechanism.
-const RECHECK_MS: i64 = 1_000;
+/// The head re-reads the lease, and checks its client, at least this often.
+const RECHECK_MS: i64 = 500;
+
+fn wait_timeout(name: &str, waited_ms: i64) -> FlError {
+    FlError::new(
+        sqlstate::LOCK_NOT_AVAILABLE,
+        format!("fenced_lock_acquire: lock {} not granted within {waited_ms} ms", quote_name(name)),
+    )
+    .hint("Another holder has the lease; retry later, pass a longer wait, or use fenced_lock_try_acquire.")
+}
 
 /// `fenced_lock_acquire`: `wait` None waits until granted or cancelled.
 pub fn acquire(req: &AcquireRequest, wait_micros: Option<i64>) -> Result<i64, FlError> {
     let start = now();
-    let deadline =
-        effective_wait(wait_micros, session_lock_timeout_micros()).map(|w| start.saturating_add(w));
-    let timed_out = || FlError::wait_timeout(req.name, (now() - start) / 1000);
+    let deadline = effective_wait(wait_micros, session_lock_timeout_micros()).map(|w| start.saturating_add(w));
+    let timed_out = || wait_timeout(req.name, (now() - start) / 1000);
 
     {
         let store = Store::open()?;
-        let first =
-            attempt_acquire(&store, req, |fence| lock_until(fence, Mode::Exclusive, deadline, &timed_out))?;
-        if let Attempt::Granted(token) = first {
+        if let Attempt::Granted(token) =
+            attempt_acquire(&store, req, |name_lock| Ok(name_lock.try_lock(Mode::Exclusive)))?
+        {
             return Ok(token);
         }
     }
@@ -47,16 +60,27 @@ pub fn acquire(req: &AcquireRequest, wait_micros: Option<i64>) -> Result<i64, Fl
         return Err(timed_out());
     }
 
-    lock_until(&Key::queue(req.name), Mode::Exclusive, deadline, &timed_out)?;
+    stats::now(Event::Wait);
+    registry::enter(req.name, req.holder, req.caller, start);
+    lock_until(&LockTag::queue(req.name), Mode::Exclusive, deadline, &timed_out)?;
+    registry::at_head();
     loop {
         // SAFETY: MyLatch is this backend's own latch.
         unsafe { pg_sys::ResetLatch(pg_sys::MyLatch) };
+        if compat::client_gone() {
+            compat::leave_because_client_gone();
+        }
         let attempt = {
             let store = Store::open()?;
-            attempt_acquire(&store, req, |fence| lock_until(fence, Mode::Exclusive, deadline, &timed_out))?
+            attempt_acquire(&store, req, |name_lock| {
+                lock_until(name_lock, Mode::Exclusive, deadline, &timed_out).map(|()| true)
+            })?
         };
         let expires_at = match attempt {
-            Attempt::Granted(token) => return Ok(token),
+            Attempt::Granted(token) => {
+                registry::leave();
+                return Ok(token);
+            }
             Attempt::Busy { expires_at } => expires_at,
         };
         let now = now();
@@ -112,20 +136,15 @@ impl Drop for LockTimeoutOverride {
     }
 }
 
-/// Take `key` in `mode`, waiting no later than `deadline` (which already
+/// Take `lock` in `mode`, waiting no later than `deadline` (which already
 /// accounts for `lock_timeout`); past it, fail with `timed_out()`.
-fn lock_until(
-    key: &Key,
-    mode: Mode,
-    deadline: Option<i64>,
-    timed_out: &dyn Fn() -> FlError,
-) -> Result<(), FlError> {
+fn lock_until(lock: &LockTag, mode: Mode, deadline: Option<i64>, timed_out: &dyn Fn() -> FlError) -> Result<(), FlError> {
     let Some(deadline) = deadline else {
         // No wait and no lock_timeout: wait as long as it takes.
-        key.lock(mode);
+        lock.lock(mode);
         return Ok(());
     };
-    if key.try_lock(mode) {
+    if lock.try_lock(mode) {
         return Ok(());
     }
     let left_ms = (deadline - now()) / 1000;
@@ -139,20 +158,41 @@ fn lock_until(
         pg_sys::LockTimeout = left_ms.clamp(1, i32::MAX as i64) as i32;
         LockTimeoutOverride { saved }
     };
-    lock_catching_timeout(key, mode).map_err(|()| timed_out())
+    lock_in_subtransaction(lock, mode).map_err(|()| timed_out())
 }
 
-/// Take the lock; `Err(())` if `lock_timeout` fired. The lock manager has
-/// cleaned up its wait before raising the timeout, and the caller goes on to
-/// raise an error of its own, so nothing runs on a half-aborted state.
-fn lock_catching_timeout(key: &Key, mode: Mode) -> Result<(), ()> {
-    let key = *key;
-    PgTryBuilder::new(move || {
-        key.lock(mode);
-        Ok(())
-    })
-    .catch_when(PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE, |_| Err(()))
-    .execute()
+/// Take the lock; `Err(())` if `lock_timeout` fired. The wait runs in a
+/// subtransaction, as a PL/pgSQL exception block would, so that a timeout is
+/// rolled back properly before we raise an error of our own; the lock, once
+/// granted, passes to the enclosing transaction.
+fn lock_in_subtransaction(lock: &LockTag, mode: Mode) -> Result<(), ()> {
+    let lock = *lock;
+    // SAFETY: the standard internal-subtransaction dance (see PL/pgSQL's
+    // exec_stmt_block): remember the memory context and resource owner, and
+    // restore both whichever way the subtransaction ends.
+    unsafe {
+        let context = pg_sys::CurrentMemoryContext;
+        let owner = pg_sys::CurrentResourceOwner;
+        pg_sys::BeginInternalSubTransaction(std::ptr::null());
+        pg_sys::MemoryContextSwitchTo(context);
+        let restore = move || {
+            pg_sys::MemoryContextSwitchTo(context);
+            pg_sys::CurrentResourceOwner = owner;
+        };
+        PgTryBuilder::new(move || {
+            lock.lock(mode);
+            pg_sys::ReleaseCurrentSubTransaction();
+            restore();
+            Ok(())
+        })
+        .catch_when(PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE, move |_| {
+            restore();
+            pg_sys::RollbackAndReleaseCurrentSubTransaction();
+            restore();
+            Err(())
+        })
+        .execute()
+    }
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@ that read it (SPEC §2: at most one live lease per name, tokens only grow; §4:
 a write accepted under lease T commits before the next grant of the name).
 
 The history is written by AFTER ROW triggers that the test installs as
-superuser: one on fenced_lock_internal.leases, one on each guarded table.
+superuser: one on fenced_lock_internal.lease_records, one on each guarded table.
 Rows of transactions that roll back vanish with them, so the history is
 exactly what was committed. Every row carries its transaction id, so with
 track_commit_timestamp = on the checker can put transactions in commit order.
@@ -43,7 +43,7 @@ BEGIN
     END IF;
     RETURN NULL;
 END $$;
-CREATE TRIGGER zz_history AFTER INSERT OR UPDATE OR DELETE ON fenced_lock_internal.leases
+CREATE TRIGGER zz_history AFTER INSERT OR UPDATE OR DELETE ON fenced_lock_internal.lease_records
     FOR EACH ROW EXECUTE FUNCTION fl_history.record_lease();
 
 CREATE TABLE fl_history.write_events (

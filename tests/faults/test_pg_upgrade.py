@@ -19,7 +19,7 @@ DB = "upgraded"
 
 def lease_rows(conn):
     return conn.execute("SELECT name, token, holder, owner::text, acquired_at, expires_at, ttl "
-                        "FROM fenced_lock_internal.leases ORDER BY name").fetchall()
+                        "FROM fenced_lock_internal.lease_records ORDER BY name").fetchall()
 
 
 @pytest.mark.budget(180)

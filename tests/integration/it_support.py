@@ -19,8 +19,8 @@ QUEUE_SPACE = 0x464C0002  # 1179385858
 
 # Every SQL-callable object an application role may be granted.
 API_FUNCTIONS = [
-    "fenced_lock_try_acquire(text, interval, text)",
-    "fenced_lock_acquire(text, interval, interval, text)",
+    "fenced_lock_try_acquire(text, interval, text, boolean)",
+    "fenced_lock_acquire(text, interval, interval, text, boolean)",
     "fenced_lock_renew(text, bigint, interval)",
     "fenced_lock_release(text, bigint)",
     "fenced_lock_validate(text, bigint)",
@@ -110,8 +110,8 @@ BEGIN
   END IF;
   RETURN NULL;
 END $$;
-DROP TRIGGER IF EXISTS it_log_lease ON fenced_lock_internal.leases;
-CREATE TRIGGER it_log_lease AFTER INSERT OR UPDATE OR DELETE ON fenced_lock_internal.leases
+DROP TRIGGER IF EXISTS it_log_lease ON fenced_lock_internal.lease_records;
+CREATE TRIGGER it_log_lease AFTER INSERT OR UPDATE OR DELETE ON fenced_lock_internal.lease_records
   FOR EACH ROW EXECUTE FUNCTION public.it_log_lease();
 """
 
@@ -125,7 +125,7 @@ def install_history(cluster, dbname):
 
 def remove_history(cluster, dbname):
     with cluster.connect(dbname) as conn:
-        conn.execute("DROP TRIGGER IF EXISTS it_log_lease ON fenced_lock_internal.leases")
+        conn.execute("DROP TRIGGER IF EXISTS it_log_lease ON fenced_lock_internal.lease_records")
         conn.execute("DROP TABLE IF EXISTS public.it_lease_history")
         conn.execute("DROP FUNCTION IF EXISTS public.it_log_lease()")
 

@@ -310,7 +310,7 @@ def test_hostile_lock_names_are_kept_byte_for_byte(sec, su, victim, name):
                 if r[0] == name]
         assert rows == [(name, t, name)]
         stored = su.execute("SELECT convert_to(name, 'UTF8'), convert_to(holder, 'UTF8') "
-                            "FROM fenced_lock_internal.leases WHERE name = %s", (name,)).fetchall()
+                            "FROM fenced_lock_internal.lease_records WHERE name = %s", (name,)).fetchall()
         assert stored == [(name.encode(), name.encode())]
         assert one(a, "SELECT fenced_lock_release(%s, %s)", (name, t)) is True
     assert lease_record(su, name) is None
@@ -464,7 +464,7 @@ def test_lock_name_is_at_most_512_bytes_for_every_function(sec, su, name, ok):
         for q, ok_code in NAME_CALLS:
             assert sqlstate(c, q, (name,)) == (ok_code if ok else "22023"), q
             if ok and "try_acquire" in q:
-                assert one(su, "SELECT convert_to(name, 'UTF8') FROM fenced_lock_internal.leases "
+                assert one(su, "SELECT convert_to(name, 'UTF8') FROM fenced_lock_internal.lease_records "
                                "WHERE name = %s", (name,)) == name.encode()
         assert lease_record(su, name) is None  # force released, or never taken
 
@@ -811,7 +811,7 @@ def test_random_calls_keep_a_consistent_state_and_raise_only_spec_sqlstates(sec,
             conn.close()
     # the lease table agrees with the model, and tokens only ever grew
     stored = {r[0]: r[1:] for r in su.execute(
-        "SELECT name, token, holder, owner::text FROM fenced_lock_internal.leases "
+        "SELECT name, token, holder, owner::text FROM fenced_lock_internal.lease_records "
         "WHERE name LIKE 'prop:%' AND expires_at > clock_timestamp()").fetchall()}
     assert stored == model.live
     assert model.tokens == sorted(model.tokens) and len(set(model.tokens)) == len(model.tokens)

@@ -27,8 +27,8 @@ from harness.cluster import Cluster
 OWN_CLUSTER = ("it_security", 5510)
 
 API = [
-    "fenced_lock_try_acquire(text, interval, text)",
-    "fenced_lock_acquire(text, interval, interval, text)",
+    "fenced_lock_try_acquire(text, interval, text, boolean)",
+    "fenced_lock_acquire(text, interval, interval, text, boolean)",
     "fenced_lock_renew(text, bigint, interval)",
     "fenced_lock_release(text, bigint)",
     "fenced_lock_validate(text, bigint)",
@@ -167,7 +167,7 @@ def lease_record(su, name):
     """The stored lease record of `name` (read as superuser), or None."""
     return su.execute(
         "SELECT token, holder, owner::text, acquired_at, expires_at, ttl "
-        "FROM fenced_lock_internal.leases WHERE name = %s", (name,)).fetchone()
+        "FROM fenced_lock_internal.lease_records WHERE name = %s", (name,)).fetchone()
 
 
 def acquire(conn, name, ttl="10 minutes", holder=None):

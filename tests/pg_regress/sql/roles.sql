@@ -11,8 +11,8 @@ CREATE ROLE fl_regress_bob;
 CREATE ROLE fl_regress_alice_helper IN ROLE fl_regress_alice;
 CREATE ROLE fl_regress_nobody;
 GRANT EXECUTE ON FUNCTION
-    fenced_lock_try_acquire(text, interval, text),
-    fenced_lock_acquire(text, interval, interval, text),
+    fenced_lock_try_acquire(text, interval, text, boolean),
+    fenced_lock_acquire(text, interval, interval, text, boolean),
     fenced_lock_renew(text, bigint, interval),
     fenced_lock_release(text, bigint),
     fenced_lock_validate(text, bigint),
@@ -39,22 +39,22 @@ RESET ROLE;
 -- The lease state is out of reach: the private schema is not usable at all.
 SET ROLE fl_regress_alice;
 \set VERBOSITY default
-SELECT * FROM fenced_lock_internal.leases;
+SELECT * FROM fenced_lock_internal.lease_records;
 \set VERBOSITY sqlstate
-INSERT INTO fenced_lock_internal.leases VALUES ('roles:forged', 1, NULL, 'fl_regress_alice', now(), now() + '1 hour', '1 hour');
-UPDATE fenced_lock_internal.leases SET expires_at = expires_at + '1 hour';
-DELETE FROM fenced_lock_internal.leases;
-TRUNCATE fenced_lock_internal.leases;
+INSERT INTO fenced_lock_internal.lease_records VALUES ('roles:forged', 1, NULL, 'fl_regress_alice', now(), now() + '1 hour', '1 hour');
+UPDATE fenced_lock_internal.lease_records SET expires_at = expires_at + '1 hour';
+DELETE FROM fenced_lock_internal.lease_records;
+TRUNCATE fenced_lock_internal.lease_records;
 SELECT nextval('fenced_lock_internal.token_seq');
 SELECT setval('fenced_lock_internal.token_seq', 1);
 RESET ROLE;
 -- Even with USAGE on the schema, the table and sequence grant nothing.
 GRANT USAGE ON SCHEMA fenced_lock_internal TO fl_regress_alice;
 SET ROLE fl_regress_alice;
-SELECT * FROM fenced_lock_internal.leases;
-INSERT INTO fenced_lock_internal.leases VALUES ('roles:forged', 1, NULL, 'fl_regress_alice', now(), now() + '1 hour', '1 hour');
-UPDATE fenced_lock_internal.leases SET expires_at = expires_at + '1 hour';
-DELETE FROM fenced_lock_internal.leases;
+SELECT * FROM fenced_lock_internal.lease_records;
+INSERT INTO fenced_lock_internal.lease_records VALUES ('roles:forged', 1, NULL, 'fl_regress_alice', now(), now() + '1 hour', '1 hour');
+UPDATE fenced_lock_internal.lease_records SET expires_at = expires_at + '1 hour';
+DELETE FROM fenced_lock_internal.lease_records;
 SELECT nextval('fenced_lock_internal.token_seq');
 RESET ROLE;
 REVOKE USAGE ON SCHEMA fenced_lock_internal FROM fl_regress_alice;
@@ -141,8 +141,8 @@ RESET client_min_messages;
 -- Clean up.
 SELECT count(*) AS leases FROM fenced_lock_leases WHERE name LIKE 'roles:%';
 REVOKE ALL ON FUNCTION
-    fenced_lock_try_acquire(text, interval, text),
-    fenced_lock_acquire(text, interval, interval, text),
+    fenced_lock_try_acquire(text, interval, text, boolean),
+    fenced_lock_acquire(text, interval, interval, text, boolean),
     fenced_lock_renew(text, bigint, interval),
     fenced_lock_release(text, bigint),
     fenced_lock_validate(text, bigint),

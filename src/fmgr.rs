@@ -1,4 +1,5 @@
-//! The SQL boundary: fmgr glue for the functions in `sql/fenced_lock.sql`.
+//! The fmgr boundary: how the C-language functions declared in
+//! `sql/fenced_lock.sql` are entered, read their arguments and return.
 //!
 //! Each SQL-callable function runs its body inside pgrx's guard (so PostgreSQL
 //! errors and Rust panics are handled as pgrx does) and gets back a
@@ -7,10 +8,10 @@
 //! lets `FL001` reach the client as `FL001`, which pgrx's `ereport!` cannot do.
 
 use crate::args::IntervalValue;
+use crate::datum::{interval_value, text_value};
 use crate::errors::{encode_sqlstate, FlError};
 use pgrx::pg_sys;
 use pgrx::pg_sys::Datum;
-use pgrx::IntoDatum;
 use std::ffi::{c_char, c_int, CString};
 
 /// Define a C-language SQL function `$name` whose body is `$body(fcinfo)`.
@@ -34,7 +35,7 @@ macro_rules! sql_function {
             match outcome {
                 Ok(datum) => datum,
                 // SAFETY: nothing with a destructor is alive in this frame.
-                Err(error) => unsafe { $crate::sqlfn::raise(error) },
+                Err(error) => unsafe { $crate::fmgr::raise(error) },
             }
         }
     };
@@ -52,19 +53,13 @@ unsafe extern "C-unwind" {
     fn errhint(fmt: *const c_char, ...) -> c_int;
 }
 
-// Built-in SQL functions called through DirectFunctionCall; pgrx's bindings
-// of them are Rust wrappers, which fmgr cannot take as a function pointer.
-unsafe extern "C-unwind" {
-    pub fn interval_out(fcinfo: pg_sys::FunctionCallInfo) -> Datum;
-    pub fn nextval_oid(fcinfo: pg_sys::FunctionCallInfo) -> Datum;
-}
-
 /// Raise `error` as a PostgreSQL ERROR with its own SQLSTATE. Does not return.
 ///
 /// # Safety
 /// Longjmps to PostgreSQL's error handler: the caller's frames must hold no
 /// values with pending destructors (the `sql_function!` wrapper ensures this).
 pub unsafe fn raise(error: FlError) -> ! {
+    crate::stats::count_error(error.sqlstate);
     let code = encode_sqlstate(error.sqlstate);
     // Copy the texts into palloc'd memory in ErrorContext, then drop every
     // Rust allocation before jumping.
@@ -101,61 +96,50 @@ pub unsafe fn raise(error: FlError) -> ! {
     unreachable!("errfinish returned at ERROR level")
 }
 
-/// Argument `n`, or `None` when it is SQL NULL.
+/// Argument `n`, or `None` when it is SQL NULL or not passed at all. A
+/// function declared by an older version of the extension's SQL may pass
+/// fewer arguments than this library knows; those read as NULL.
+///
 /// # Safety
 /// `fcinfo` is the valid call info of a function declared as in `sql/fenced_lock.sql`.
 pub unsafe fn arg_datum(fcinfo: pg_sys::FunctionCallInfo, n: usize) -> Option<Datum> {
-    // SAFETY: the caller passes a valid fcinfo with at least n+1 arguments.
-    unsafe { pgrx::fcinfo::pg_getarg_datum(fcinfo, n) }
-}
-
-/// # Safety
-/// `fcinfo` is the valid call info of a function declared as in `sql/fenced_lock.sql`.
-pub unsafe fn arg_text(fcinfo: pg_sys::FunctionCallInfo, n: usize) -> Option<String> {
-    // SAFETY: argument n is declared as text.
-    unsafe { pgrx::fcinfo::pg_getarg::<String>(fcinfo, n) }
-}
-
-/// # Safety
-/// `fcinfo` is the valid call info of a function declared as in `sql/fenced_lock.sql`.
-pub unsafe fn arg_i64(fcinfo: pg_sys::FunctionCallInfo, n: usize) -> Option<i64> {
-    // SAFETY: argument n is declared as bigint.
-    unsafe { arg_datum(fcinfo, n).map(|d| d.value() as i64) }
-}
-
-/// An interval argument: its fields and its datum.
-/// # Safety
-/// `fcinfo` is the valid call info of a function declared as in `sql/fenced_lock.sql`.
-pub unsafe fn arg_interval(fcinfo: pg_sys::FunctionCallInfo, n: usize) -> Option<(IntervalValue, Datum)> {
-    // SAFETY: argument n is declared as interval.
-    unsafe { arg_datum(fcinfo, n).map(|d| (interval_value(d), d)) }
-}
-
-/// The fields of an interval datum.
-///
-/// # Safety
-/// `d` must be a valid interval datum.
-pub unsafe fn interval_value(d: Datum) -> IntervalValue {
-    // SAFETY: an interval datum points at an Interval struct.
-    let iv = unsafe { &*(d.cast_mut_ptr::<pg_sys::Interval>()) };
-    IntervalValue { months: iv.month, days: iv.day, micros: iv.time }
-}
-
-/// An interval as PostgreSQL prints it, quoted, for messages.
-///
-/// # Safety
-/// `d` must be a valid interval datum.
-pub unsafe fn interval_text(d: Datum) -> String {
-    // SAFETY: interval_out takes an interval datum and returns a cstring.
+    // SAFETY: the caller passes a valid fcinfo; we never read past nargs.
     unsafe {
-        let out = pg_sys::DirectFunctionCall1Coll(Some(interval_out), pg_sys::InvalidOid, d);
-        let s = std::ffi::CStr::from_ptr(out.cast_mut_ptr::<c_char>()).to_string_lossy();
-        format!("'{s}'")
+        if n >= (*fcinfo).nargs as usize {
+            return None;
+        }
+        pgrx::fcinfo::pg_getarg_datum(fcinfo, n)
     }
 }
 
-pub fn text_datum(s: &str) -> Datum {
-    s.into_datum().expect("text datum")
+/// # Safety
+/// As for [`arg_datum`]; argument `n` is declared as text.
+pub unsafe fn arg_text(fcinfo: pg_sys::FunctionCallInfo, n: usize) -> Option<String> {
+    // SAFETY: a non-NULL text argument.
+    unsafe { arg_datum(fcinfo, n).map(|d| text_value(d)) }
+}
+
+/// # Safety
+/// As for [`arg_datum`]; argument `n` is declared as bigint.
+pub unsafe fn arg_i64(fcinfo: pg_sys::FunctionCallInfo, n: usize) -> Option<i64> {
+    // SAFETY: a bigint argument is passed by value.
+    unsafe { arg_datum(fcinfo, n).map(|d| d.value() as i64) }
+}
+
+/// # Safety
+/// As for [`arg_datum`]; argument `n` is declared as boolean.
+pub unsafe fn arg_bool(fcinfo: pg_sys::FunctionCallInfo, n: usize) -> Option<bool> {
+    // SAFETY: a boolean argument is passed by value.
+    unsafe { arg_datum(fcinfo, n).map(|d| d.value() != 0) }
+}
+
+/// An interval argument: its fields and its datum.
+///
+/// # Safety
+/// As for [`arg_datum`]; argument `n` is declared as interval.
+pub unsafe fn arg_interval(fcinfo: pg_sys::FunctionCallInfo, n: usize) -> Option<(IntervalValue, Datum)> {
+    // SAFETY: a non-NULL interval argument.
+    unsafe { arg_datum(fcinfo, n).map(|d| (interval_value(d), d)) }
 }
 
 /// # Safety
@@ -172,9 +156,4 @@ pub fn return_i64(v: i64) -> Datum {
 
 pub fn return_bool(v: bool) -> Datum {
     Datum::from(v)
-}
-
-/// Unwrap a required argument or fail with 22004.
-pub fn required<T>(v: Option<T>, function: &str, argument: &str, name: Option<&str>) -> Result<T, FlError> {
-    v.ok_or_else(|| FlError::null_argument(function, argument, name))
 }

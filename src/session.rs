@@ -1,0 +1,133 @@
+//! Session-bound leases: a lease that also ends when the database session
+//! that acquired it ends (docs/design.md, "Session-bound leases").
+//!
+//! The session holds its *session lock* (`LockTag::session(token)`) in
+//! exclusive mode, at session level, from the grant until the lease ends or
+//! the session does. PostgreSQL's lock manager releases it when the backend
+//! exits for any reason, and forgets it when the server restarts after a
+//! crash; so whether the session lives is answered by probing that lock,
+//! without waiting: anyone else can take it in shared mode exactly when the
+//! session is gone.
+//!
+//! On a clean end (disconnect, client killed, `pg_terminate_backend`) a
+//! callback run by the exiting backend ends its leases in one last
+//! transaction (history `session_end`, NOTIFY), gives the locks back and wakes
+//! each name's head waiter, so the next holder is served within milliseconds.
+//! A backend that crashes takes the whole server through recovery, and the
+//! probe finds the lock gone afterwards.
+
+use crate::locktags::{LockTag, Mode};
+use crate::store::Lease;
+use pgrx::pg_sys;
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+
+thread_local! {
+    /// Leases bound to this session: token -> name.
+    static BOUND: RefCell<BTreeMap<i64, String>> = const { RefCell::new(BTreeMap::new()) };
+    /// Session locks taken in the current transaction, with the
+    /// subtransaction that took them (given back if that rolls back).
+    static TAKEN: RefCell<Vec<(i64, pg_sys::SubTransactionId)>> = const { RefCell::new(Vec::new()) };
+    /// Leases of this session ended in the current transaction (their locks
+    /// are given back at commit, unless the subtransaction rolls back).
+    static ENDED: RefCell<Vec<(i64, pg_sys::SubTransactionId)>> = const { RefCell::new(Vec::new()) };
+    static EXIT_HOOKED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Is the session `lease` is bound to still there? Always true for a lease
+/// that is not session-bound. On a standby the primary's sessions cannot be
+/// seen, so there a session-bound lease lives by its ttl alone.
+pub fn alive(lease: &Lease) -> bool {
+    !lease.session_bound || token_alive(lease.token)
+}
+
+/// `alive` for the session-bound lease `token`.
+pub fn token_alive(token: i64) -> bool {
+    // SAFETY: plain accessor.
+    if unsafe { pg_sys::RecoveryInProgress() } {
+        return true;
+    }
+    let tag = LockTag::session(token);
+    tag.held_by_me(Mode::Exclusive) || tag.held_by_others(Mode::Shared)
+}
+
+/// Is `lease` bound to this very session?
+pub fn mine(lease: &Lease) -> bool {
+    lease.session_bound && LockTag::session(lease.token).held_by_me(Mode::Exclusive)
+}
+
+/// Bind the lease `token` of `name`, being granted in this transaction, to
+/// this session. The lock is taken before the grant commits, so nobody can
+/// see the lease without its session lock.
+pub fn bind(name: &str, token: i64) {
+    hook_exit();
+    LockTag::session(token).lock_for_session(Mode::Exclusive);
+    TAKEN.with(|t| t.borrow_mut().push((token, crate::xact::current_subid())));
+    BOUND.with(|b| b.borrow_mut().insert(token, name.to_string()));
+}
+
+/// The lease `token` ended in this transaction: if it was bound to this
+/// session, give its lock back once that is committed.
+pub fn ended(token: i64) {
+    if BOUND.with(|b| b.borrow().contains_key(&token)) {
+        ENDED.with(|e| e.borrow_mut().push((token, crate::xact::current_subid())));
+    }
+}
+
+/// Subtransaction `subid` rolls back: what it (or its children) bound is
+/// unbound now, what it ended lives on.
+pub fn at_subtransaction_abort(subid: pg_sys::SubTransactionId) {
+    let rolled_back = TAKEN.with(|t| {
+        let mut t = t.borrow_mut();
+        let (gone, kept) = t.drain(..).partition(|(_, s)| *s >= subid);
+        *t = kept;
+        gone
+    });
+    unbind(rolled_back.into_iter().map(|(token, _)| token));
+    ENDED.with(|e| e.borrow_mut().retain(|(_, s)| *s < subid));
+}
+
+fn unbind(tokens: impl Iterator<Item = i64>) {
+    for token in tokens {
+        let tag = LockTag::session(token);
+        if tag.held_by_me(Mode::Exclusive) {
+            tag.unlock_for_session(Mode::Exclusive);
+        }
+        BOUND.with(|b| b.borrow_mut().remove(&token));
+    }
+}
+
+/// Transaction end: on commit, give back the locks of leases ended; on abort,
+/// those of leases whose grant is rolled back.
+pub fn at_transaction_end(committed: bool) {
+    let taken = TAKEN.with(|t| std::mem::take(&mut *t.borrow_mut()));
+    let ended = ENDED.with(|e| std::mem::take(&mut *e.borrow_mut()));
+    let gone = if committed { ended } else { taken };
+    unbind(gone.into_iter().map(|(token, _)| token));
+}
+
+fn hook_exit() {
+    if !EXIT_HOOKED.with(|h| h.replace(true)) {
+        // SAFETY: registered from a backend after InitPostgres, so it runs
+        // before ShutdownPostgres releases our locks and ends the transaction.
+        unsafe { pg_sys::before_shmem_exit(Some(at_session_end), pg_sys::Datum::from(0)) };
+    }
+}
+
+/// The session is ending: end its leases now, so that their names are free
+/// at once rather than at the next probe.
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn at_session_end(_code: std::ffi::c_int, _arg: pg_sys::Datum) {
+    let bound: Vec<(i64, String)> = BOUND.with(|b| std::mem::take(&mut *b.borrow_mut()).into_iter().collect());
+    if bound.is_empty() {
+        return;
+    }
+    crate::lease::end_session_leases(&bound);
+    for (token, name) in &bound {
+        let tag = LockTag::session(*token);
+        if tag.held_by_me(Mode::Exclusive) {
+            tag.unlock_for_session(Mode::Exclusive);
+        }
+        LockTag::queue(name).wake_holders();
+    }
+}

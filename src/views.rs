@@ -1,0 +1,87 @@
+//! The set-returning functions behind the views `fenced_lock_waiters` and
+//! `fenced_lock_stats` (docs/reference.md, "Views"). Declared by hand in
+//! `sql/fenced_lock.sql` (hence `sql = false`); the views add the visibility
+//! rule and the column names users see.
+
+use crate::registry::{self, Waiter};
+use pgrx::datum::TimestampWithTimeZone;
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use std::collections::BTreeMap;
+
+/// The pids queued before `pid` on the lock it waits for, in queue order.
+fn pids_ahead(pid: i32) -> Vec<i32> {
+    // SAFETY: GetBlockerStatusData returns palloc'd arrays describing `pid`'s
+    // wait (nothing if it is not waiting); each proc's waiters are the pids
+    // ahead of it in the lock's wait queue.
+    unsafe {
+        let data = pg_sys::GetBlockerStatusData(pid);
+        let mut out = Vec::new();
+        for i in 0..(*data).nprocs as usize {
+            let p = &*(*data).procs.add(i);
+            if p.pid == pid {
+                for j in 0..p.num_waiters as usize {
+                    out.push(*(*data).waiter_pids.add(p.first_waiter as usize + j));
+                }
+            }
+        }
+        out
+    }
+}
+
+/// One row per waiting `fenced_lock_acquire` in this database.
+#[pg_extern(sql = false)]
+#[allow(clippy::type_complexity)]
+fn fl_waiters() -> TableIterator<
+    'static,
+    (
+        name!(name, String),
+        name!(pid, i32),
+        name!(holder, Option<String>),
+        name!(owner, pg_sys::Oid),
+        name!(waiting_since, Option<TimestampWithTimeZone>),
+        name!(position, i32),
+    ),
+> {
+    // SAFETY: plain accessor.
+    let database = unsafe { pg_sys::MyDatabaseId };
+    let all: Vec<Waiter> = registry::waiters().into_iter().filter(|w| w.database == database).collect();
+    let mut by_name: BTreeMap<&str, Vec<&Waiter>> = BTreeMap::new();
+    for w in &all {
+        by_name.entry(w.name.as_str()).or_default().push(w);
+    }
+    let mut rows = Vec::with_capacity(all.len());
+    for waiters in by_name.values() {
+        let mut ranked = registry::positions(waiters, pids_ahead);
+        ranked.sort_by_key(|&(i, position)| (position, waiters[i].waiting_since));
+        for (i, position) in ranked {
+            let w = waiters[i];
+            let since = TimestampWithTimeZone::try_from(w.waiting_since).ok();
+            rows.push((w.name.clone(), w.pid, w.holder.clone(), w.owner, since, position));
+        }
+    }
+    TableIterator::new(rows)
+}
+
+/// The counters since server start, NULL unless the library is preloaded.
+#[pg_extern(sql = false)]
+#[allow(clippy::type_complexity)]
+fn fl_stats() -> TableIterator<
+    'static,
+    (
+        name!(grants, Option<i64>),
+        name!(renewals, Option<i64>),
+        name!(releases, Option<i64>),
+        name!(expiries, Option<i64>),
+        name!(force_releases, Option<i64>),
+        name!(session_ends, Option<i64>),
+        name!(waits, Option<i64>),
+        name!(wait_timeouts, Option<i64>),
+        name!(fence_rejections, Option<i64>),
+        name!(missing_tokens, Option<i64>),
+        name!(preloaded, bool),
+    ),
+> {
+    let c = crate::stats::snapshot().map(|c| c.map(Some)).unwrap_or([None; 10]);
+    TableIterator::once((c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], c[9], crate::stats::preloaded()))
+}
