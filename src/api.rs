@@ -41,7 +41,12 @@ unsafe fn name_arg(fcinfo: pg_sys::FunctionCallInfo, function: &str) -> Result<S
 }
 
 /// Read and check a `token` argument.
-unsafe fn token_arg(fcinfo: pg_sys::FunctionCallInfo, n: usize, function: &str, name: &str) -> Result<i64, FlError> {
+unsafe fn token_arg(
+    fcinfo: pg_sys::FunctionCallInfo,
+    n: usize,
+    function: &str,
+    name: &str,
+) -> Result<i64, FlError> {
     // SAFETY: argument n is `token bigint`.
     let token = required(unsafe { arg_i64(fcinfo, n) }, function, "token", Some(name))?;
     check_token(function, name, token)?;
@@ -49,7 +54,12 @@ unsafe fn token_arg(fcinfo: pg_sys::FunctionCallInfo, n: usize, function: &str, 
 }
 
 /// Read and check a `ttl` argument, in microseconds; None if NULL.
-unsafe fn ttl_arg(fcinfo: pg_sys::FunctionCallInfo, n: usize, function: &str, name: &str) -> Result<Option<i64>, FlError> {
+unsafe fn ttl_arg(
+    fcinfo: pg_sys::FunctionCallInfo,
+    n: usize,
+    function: &str,
+    name: &str,
+) -> Result<Option<i64>, FlError> {
     // SAFETY: argument n is `ttl interval`.
     match unsafe { arg_interval(fcinfo, n) } {
         None => Ok(None),

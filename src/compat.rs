@@ -121,7 +121,8 @@ pub fn guc_reset_source(name: &CStr) -> Option<pg_sys::GucSource::Type> {
             (vars, n as usize)
         };
         (0..n).map(|i| *vars.add(i)).find_map(|v| {
-            (CStr::from_ptr((*v).name).to_bytes().eq_ignore_ascii_case(name.to_bytes())).then(|| (*v).reset_source)
+            (CStr::from_ptr((*v).name).to_bytes().eq_ignore_ascii_case(name.to_bytes()))
+                .then(|| (*v).reset_source)
         })
     }
 }
@@ -153,7 +154,8 @@ pub fn client_gone() -> bool {
         {
             let mut byte = 0u8;
             let sock = (*pg_sys::MyProcPort).sock;
-            let r = libc_recv(sock, &mut byte as *mut u8 as *mut std::ffi::c_void, 1, MSG_PEEK | MSG_DONTWAIT);
+            let r =
+                libc_recv(sock, &mut byte as *mut u8 as *mut std::ffi::c_void, 1, MSG_PEEK | MSG_DONTWAIT);
             r == 0
         }
         #[cfg(not(feature = "pg13"))]
@@ -171,7 +173,12 @@ const MSG_DONTWAIT: std::ffi::c_int = 0x40;
 #[cfg(feature = "pg13")]
 unsafe extern "C" {
     #[link_name = "recv"]
-    fn libc_recv(sock: std::ffi::c_int, buf: *mut std::ffi::c_void, len: usize, flags: std::ffi::c_int) -> isize;
+    fn libc_recv(
+        sock: std::ffi::c_int,
+        buf: *mut std::ffi::c_void,
+        len: usize,
+        flags: std::ffi::c_int,
+    ) -> isize;
 }
 
 #[cfg(not(feature = "pg13"))]

@@ -93,8 +93,9 @@ impl FlError {
 
     /// The extension's objects are missing (or damaged).
     pub fn not_installed(what: &str) -> Self {
-        Self::new(sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE, format!("fenced_lock: {what} is missing"))
-            .hint("Run CREATE EXTENSION fenced_lock in this database (or ALTER EXTENSION fenced_lock UPDATE).")
+        Self::new(sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE, format!("fenced_lock: {what} is missing")).hint(
+            "Run CREATE EXTENSION fenced_lock in this database (or ALTER EXTENSION fenced_lock UPDATE).",
+        )
     }
 }
 

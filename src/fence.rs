@@ -60,8 +60,11 @@ pub fn delete_without_assert(name: &str, what: &str) -> FlError {
     } else {
         format!("fenced_lock_assert(<the lock name, {} bytes>, <token>)", name.len())
     };
-    FlError::new(sqlstate::MISSING_TOKEN, format!("guarded {what} lock {} without a fencing token", quote_name(name)))
-        .hint(format!("Call {call} in the same transaction first."))
+    FlError::new(
+        sqlstate::MISSING_TOKEN,
+        format!("guarded {what} lock {} without a fencing token", quote_name(name)),
+    )
+    .hint(format!("Call {call} in the same transaction first."))
 }
 
 /// Names asserted in the current transaction (by local transaction id), with

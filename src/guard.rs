@@ -349,8 +349,7 @@ impl Guard {
         name: &str,
     ) -> Result<i64, FlError> {
         // SAFETY: as in stored_token.
-        unsafe { self.stored_token(row, tupdesc) }
-            .ok_or_else(|| missing_token(name, &self.token_column))
+        unsafe { self.stored_token(row, tupdesc) }.ok_or_else(|| missing_token(name, &self.token_column))
     }
 
     unsafe fn stored_token(&self, row: pg_sys::HeapTuple, tupdesc: pg_sys::TupleDesc) -> Option<i64> {
@@ -372,14 +371,19 @@ fn name_data(n: &pg_sys::NameData) -> String {
 fn token_goes_backwards(name: &str, token: i64, stored: i64, live: Option<i64>) -> FlError {
     FlError::new(
         sqlstate::STALE_TOKEN,
-        format!("stale fencing token {token} for lock {}: the row was already written with token {stored}", quote_name(name)),
+        format!(
+            "stale fencing token {token} for lock {}: the row was already written with token {stored}",
+            quote_name(name)
+        ),
     )
     .detail(format!(
         "lock: {}; presented token: {token}; stored token: {stored}; live token: {}",
         quote_name(name),
         token_text(live)
     ))
-    .hint("A later lease has written this row. Acquire the lock again, re-read, and retry with the new token.")
+    .hint(
+        "A later lease has written this row. Acquire the lock again, re-read, and retry with the new token.",
+    )
 }
 
 fn missing_token(name: &str, column: &str) -> FlError {
@@ -421,7 +425,9 @@ fn guard_bad_arguments(table: &str, trigger: &str, count: usize) -> FlError {
 fn guard_bad_template(table: &str, trigger: &str, problem: &str) -> FlError {
     FlError::new(
         sqlstate::INVALID_PARAMETER_VALUE,
-        format!("fenced_lock_guard: trigger \"{trigger}\" on \"{table}\" has a bad lock name template: {problem}"),
+        format!(
+            "fenced_lock_guard: trigger \"{trigger}\" on \"{table}\" has a bad lock name template: {problem}"
+        ),
     )
     .hint("Write columns as {column}; write literal braces as {{ and }}.")
 }
@@ -460,5 +466,6 @@ fn guard_bad_resolved_name(table: &str, name: &str) -> FlError {
             name.len()
         )
     };
-    FlError::new(sqlstate::INVALID_PARAMETER_VALUE, message).hint("A lock name is non-empty text of at most 512 bytes.")
+    FlError::new(sqlstate::INVALID_PARAMETER_VALUE, message)
+        .hint("A lock name is non-empty text of at most 512 bytes.")
 }

@@ -76,7 +76,8 @@ pub fn decide_acquire(
         None => AcquireDecision::Grant { ended: None },
         Some((_, state)) if state != State::Live => AcquireDecision::Grant { ended: state.ending() },
         Some((l, _))
-            if (same_session || (holder.is_some() && l.holder.as_deref() == holder)) && acts_for_owner(l.owner) =>
+            if (same_session || (holder.is_some() && l.holder.as_deref() == holder))
+                && acts_for_owner(l.owner) =>
         {
             AcquireDecision::Extend { token: l.token }
         }
@@ -92,7 +93,9 @@ pub enum OwnerDecision {
     /// or its session ended).
     NotLive,
     /// It is, but the caller does not act for its owner.
-    NotOwner { owner: pg_sys::Oid },
+    NotOwner {
+        owner: pg_sys::Oid,
+    },
 }
 
 pub fn decide_owner_change(
@@ -144,7 +147,9 @@ pub struct AcquireRequest<'a> {
 pub enum Attempt {
     Granted(i64),
     /// Not now: `expires_at` of the live lease, if that is what stands in the way.
-    Busy { expires_at: Option<i64> },
+    Busy {
+        expires_at: Option<i64>,
+    },
 }
 
 /// Records that expired this long ago are removed by later grants.
@@ -324,7 +329,11 @@ pub fn try_acquire(req: &AcquireRequest) -> Result<Option<i64>, FlError> {
 fn not_owner(function: &str, name: &str, token: i64, owner: pg_sys::Oid) -> FlError {
     FlError::new(
         sqlstate::INSUFFICIENT_PRIVILEGE,
-        format!("{function}: lease {token} of lock {} belongs to role \"{}\"", quote_name(name), role_name(owner)),
+        format!(
+            "{function}: lease {token} of lock {} belongs to role \"{}\"",
+            quote_name(name),
+            role_name(owner)
+        ),
     )
     .hint("Only the role that acquired a lease (or a member of it) may renew or release it.")
 }
@@ -356,7 +365,13 @@ fn owner_change(
 /// `fenced_lock_renew`: `ttl_micros` None renews for the ttl the lease was
 /// granted with. A renew that brings the expiry forward wakes the head
 /// waiter, so the handoff happens at the new expiry instant.
-pub fn renew(function: &str, name: &str, token: i64, ttl_micros: Option<i64>, caller: pg_sys::Oid) -> Result<bool, FlError> {
+pub fn renew(
+    function: &str,
+    name: &str,
+    token: i64,
+    ttl_micros: Option<i64>,
+    caller: pg_sys::Oid,
+) -> Result<bool, FlError> {
     let Some((store, lease, _)) = owner_change(function, name, token, caller)? else { return Ok(false) };
     let now = now();
     let ttl = ttl_micros.unwrap_or(lease.ttl_micros);

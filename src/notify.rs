@@ -19,7 +19,8 @@ struct Payload<'a> {
 
 /// The payload of one notification.
 fn payload(name: &str, event: &str, token: i64) -> String {
-    serde_json::to_string(&Payload { name, event, token }).expect("a payload of strings and a number serializes")
+    serde_json::to_string(&Payload { name, event, token })
+        .expect("a payload of strings and a number serializes")
 }
 
 /// Queue the notification of `event` on lease `token` of `name`, if enabled.

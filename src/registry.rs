@@ -99,7 +99,10 @@ unsafe fn slot(header: *mut Header, i: u32) -> *mut Slot {
 fn read_file() -> Option<(u32, u64)> {
     let bytes = std::fs::read(FILE).ok()?;
     let bytes: [u8; 16] = bytes.get(..16)?.try_into().ok()?;
-    Some((u32::from_le_bytes(bytes[0..4].try_into().ok()?), u64::from_le_bytes(bytes[8..16].try_into().ok()?)))
+    Some((
+        u32::from_le_bytes(bytes[0..4].try_into().ok()?),
+        u64::from_le_bytes(bytes[8..16].try_into().ok()?),
+    ))
 }
 
 fn write_file(handle: u32, cookie: u64) -> std::io::Result<()> {
@@ -297,7 +300,8 @@ pub fn positions(waiters: &[&Waiter], pids_ahead: impl Fn(i32) -> Vec<i32>) -> V
         .map(|(i, w)| match w.stage {
             Stage::Head => (i, 1),
             _ => {
-                let ahead = pids_ahead(w.pid).iter().filter(|p| **p != w.pid && queued.contains(p)).count() as i32;
+                let ahead =
+                    pids_ahead(w.pid).iter().filter(|p| **p != w.pid && queued.contains(p)).count() as i32;
                 (i, heads + ahead + 1)
             }
         })

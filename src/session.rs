@@ -118,7 +118,8 @@ fn hook_exit() {
 /// at once rather than at the next probe.
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn at_session_end(_code: std::ffi::c_int, _arg: pg_sys::Datum) {
-    let bound: Vec<(i64, String)> = BOUND.with(|b| std::mem::take(&mut *b.borrow_mut()).into_iter().collect());
+    let bound: Vec<(i64, String)> =
+        BOUND.with(|b| std::mem::take(&mut *b.borrow_mut()).into_iter().collect());
     if bound.is_empty() {
         return;
     }

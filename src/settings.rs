@@ -27,8 +27,12 @@ const MAX_TTL_NAME: &CStr = c"fenced_lock.max_ttl";
 
 /// Every setting the extension defines (docs/reference.md lists them all).
 #[cfg(test)]
-pub const NAMES: [&str; 4] =
-    ["fenced_lock.max_ttl", "fenced_lock.operator_role", "fenced_lock.history_retention", "fenced_lock.notify"];
+pub const NAMES: [&str; 4] = [
+    "fenced_lock.max_ttl",
+    "fenced_lock.operator_role",
+    "fenced_lock.history_retention",
+    "fenced_lock.notify",
+];
 
 thread_local! {
     /// The server's value of max_ttl was lost in this session (see `register`).
@@ -82,7 +86,8 @@ pub fn register() {
         GucContext::Suset,
         GucFlags::default(),
     );
-    let lost_startup_value = crate::compat::guc_reset_source(MAX_TTL_NAME) == Some(pg_sys::GucSource::PGC_S_DEFAULT);
+    let lost_startup_value =
+        crate::compat::guc_reset_source(MAX_TTL_NAME) == Some(pg_sys::GucSource::PGC_S_DEFAULT);
     MAX_TTL_UNTRUSTED.with(|u| u.set(had_startup_value && lost_startup_value));
     crate::compat::reserve_guc_prefix(c"fenced_lock");
 }

@@ -44,7 +44,8 @@ impl Tid {
     fn datum(self) -> Datum {
         // SAFETY: palloc'd ItemPointerData, filled in full.
         unsafe {
-            let p = pg_sys::palloc(std::mem::size_of::<pg_sys::ItemPointerData>()) as *mut pg_sys::ItemPointerData;
+            let p = pg_sys::palloc(std::mem::size_of::<pg_sys::ItemPointerData>())
+                as *mut pg_sys::ItemPointerData;
             self.write(&mut *p);
             Datum::from(p)
         }
@@ -220,7 +221,9 @@ fn objects() -> Result<Objects, FlError> {
     // 0.1.0 called the lease table `leases`; a 0.1.0 catalog is read (so the
     // guard keeps working until the update) but never written.
     let (table, by_name, by_expiry) = match relid(nsp, c"lease_records") {
-        t if t != pg_sys::InvalidOid => (t, relid(nsp, c"lease_records_pkey"), relid(nsp, c"lease_records_expires_at")),
+        t if t != pg_sys::InvalidOid => {
+            (t, relid(nsp, c"lease_records_pkey"), relid(nsp, c"lease_records_expires_at"))
+        }
         _ => (relid(nsp, c"leases"), relid(nsp, c"leases_pkey"), relid(nsp, c"leases_expires_at")),
     };
     let sequence = relid(nsp, c"token_seq");
@@ -237,18 +240,24 @@ fn objects() -> Result<Objects, FlError> {
         col("expires_at", pg_sys::TIMESTAMPTZOID),
         col("ttl", pg_sys::INTERVALOID),
     ) {
-        (Some(name), Some(token), Some(holder), Some(owner), Some(acquired_at), Some(expires_at), Some(ttl)) => {
-            LeaseColumns {
-                name,
-                token,
-                holder,
-                owner,
-                acquired_at,
-                expires_at,
-                ttl,
-                session_bound: col("session_bound", pg_sys::BOOLOID),
-            }
-        }
+        (
+            Some(name),
+            Some(token),
+            Some(holder),
+            Some(owner),
+            Some(acquired_at),
+            Some(expires_at),
+            Some(ttl),
+        ) => LeaseColumns {
+            name,
+            token,
+            holder,
+            owner,
+            acquired_at,
+            expires_at,
+            ttl,
+            session_bound: col("session_bound", pg_sys::BOOLOID),
+        },
         _ => return Err(catalog_mismatch("the lease table does not have the columns this library reads")),
     };
     let history_table = relid(nsp, c"lease_history");
@@ -260,7 +269,10 @@ fn objects() -> Result<Objects, FlError> {
         ended_at: column(history_table, "ended_at", pg_sys::TIMESTAMPTZOID).unwrap_or(0),
     });
     if history.is_some_and(|h| {
-        h.by_token == pg_sys::InvalidOid || h.by_ended_at == pg_sys::InvalidOid || h.token == 0 || h.ended_at == 0
+        h.by_token == pg_sys::InvalidOid
+            || h.by_ended_at == pg_sys::InvalidOid
+            || h.token == 0
+            || h.ended_at == 0
     }) {
         return Err(catalog_mismatch("the lease history table does not have the shape this library writes"));
     }
@@ -320,7 +332,9 @@ pub fn read(name: &str) -> Result<Option<Lease>, FlError> {
         procedure: pg_sys::F_TEXTEQ,
         argument: text_datum(name),
     };
-    scan(objects.table, objects.by_name, key, 1, |tuple, desc| found = Some(lease_of(&objects.columns, tuple, desc)));
+    scan(objects.table, objects.by_name, key, 1, |tuple, desc| {
+        found = Some(lease_of(&objects.columns, tuple, desc))
+    });
     Ok(found)
 }
 
@@ -348,7 +362,14 @@ fn session_bound_names(objects: &Objects, limit: usize) -> Vec<(String, i64)> {
     // SAFETY: a plain heap scan with SnapshotSelf, like `scan`.
     unsafe {
         let rel = pg_sys::table_open(objects.table, pg_sys::AccessShareLock as i32);
-        let scan = pg_sys::systable_beginscan(rel, pg_sys::InvalidOid, false, &raw mut pg_sys::SnapshotSelfData, 0, std::ptr::null_mut());
+        let scan = pg_sys::systable_beginscan(
+            rel,
+            pg_sys::InvalidOid,
+            false,
+            &raw mut pg_sys::SnapshotSelfData,
+            0,
+            std::ptr::null_mut(),
+        );
         while out.len() < limit {
             let tuple = pg_sys::systable_getnext(scan);
             if tuple.is_null() {
@@ -356,7 +377,10 @@ fn session_bound_names(objects: &Objects, limit: usize) -> Vec<(String, i64)> {
             }
             let row = Row::deform(tuple, (*rel).rd_att);
             if !row.is_null(attno) && row.value(attno).value() != 0 {
-                out.push((text_value(row.value(objects.columns.name)), row.value(objects.columns.token).value() as i64));
+                out.push((
+                    text_value(row.value(objects.columns.name)),
+                    row.value(objects.columns.token).value() as i64,
+                ));
             }
         }
         pg_sys::systable_endscan(scan);
@@ -423,8 +447,15 @@ fn scan(
     unsafe {
         let rel = pg_sys::table_open(table, pg_sys::AccessShareLock as i32);
         let mut skey: pg_sys::ScanKeyData = std::mem::zeroed();
-        pg_sys::ScanKeyInit(&mut skey, key.attno, key.strategy as u16, pg_sys::Oid::from(key.procedure), key.argument);
-        let scan = pg_sys::systable_beginscan(rel, index, true, &raw mut pg_sys::SnapshotSelfData, 1, &mut skey);
+        pg_sys::ScanKeyInit(
+            &mut skey,
+            key.attno,
+            key.strategy as u16,
+            pg_sys::Oid::from(key.procedure),
+            key.argument,
+        );
+        let scan =
+            pg_sys::systable_beginscan(rel, index, true, &raw mut pg_sys::SnapshotSelfData, 1, &mut skey);
         let mut seen = 0;
         while seen < limit {
             let tuple = pg_sys::systable_getnext(scan);
@@ -539,7 +570,9 @@ impl Store {
             pg_sys::GetUserIdAndSecContext(&mut saved_user, &mut saved_context);
             pg_sys::SetUserIdAndSecContext(
                 objects.table_owner,
-                saved_context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32 | pg_sys::SECURITY_RESTRICTED_OPERATION as i32,
+                saved_context
+                    | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32
+                    | pg_sys::SECURITY_RESTRICTED_OPERATION as i32,
             );
             let level = pg_sys::NewGUCNestLevel();
             pg_sys::set_config_option(
@@ -607,7 +640,14 @@ impl Store {
 
     /// Remove the record of `lease`, which ended as `ending` at `ended_at`
     /// (by `role`, for a release or force release).
-    pub fn end(&self, name: &str, lease: &Lease, ending: Ending, ended_at: i64, role: Option<pg_sys::Oid>) -> Result<(), FlError> {
+    pub fn end(
+        &self,
+        name: &str,
+        lease: &Lease,
+        ending: Ending,
+        ended_at: i64,
+        role: Option<pg_sys::Oid>,
+    ) -> Result<(), FlError> {
         expect_one(self.spi.run(&DELETE, &[Some(lease.tid.datum())]), name)?;
         self.record_end(lease, ending, ended_at, role);
         Ok(())

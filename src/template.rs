@@ -1,4 +1,4 @@
-//! Lock-name templates of the guard trigger (SPEC §4): `inventory:{item_id}`.
+//! Lock-name templates of the guard trigger (docs/design.md, "The guard"): `inventory:{item_id}`.
 //!
 //! `{col}` stands for the text of column `col` in the row being written; `{{`
 //! and `}}` are literal braces. A template without placeholders names one lock

@@ -36,8 +36,10 @@ pub fn epoch_for_timeline(timeline: u32) -> i64 {
     (timeline as i64 - 1).max(0)
 }
 
-static SETVAL: Statement =
-    Statement { sql: "SELECT pg_catalog.setval($1, $2, true)", args: &[pg_sys::REGCLASSOID, pg_sys::INT8OID] };
+static SETVAL: Statement = Statement {
+    sql: "SELECT pg_catalog.setval($1, $2, true)",
+    args: &[pg_sys::REGCLASSOID, pg_sys::INT8OID],
+};
 
 // nextval_oid is called through DirectFunctionCall; pgrx's binding of it is a
 // Rust wrapper, which fmgr cannot take as a function pointer.
@@ -48,7 +50,8 @@ unsafe extern "C-unwind" {
 fn nextval(seq: pg_sys::Oid) -> i64 {
     // SAFETY: nextval_oid takes a regclass datum; the sequence exists (looked
     // up by the caller) and its owner runs this call.
-    let d = unsafe { pg_sys::DirectFunctionCall1Coll(Some(nextval_oid), pg_sys::InvalidOid, Datum::from(seq)) };
+    let d =
+        unsafe { pg_sys::DirectFunctionCall1Coll(Some(nextval_oid), pg_sys::InvalidOid, Datum::from(seq)) };
     d.value() as i64
 }
 

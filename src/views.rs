@@ -83,5 +83,17 @@ fn fl_stats() -> TableIterator<
     ),
 > {
     let c = crate::stats::snapshot().map(|c| c.map(Some)).unwrap_or([None; 10]);
-    TableIterator::once((c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], c[9], crate::stats::preloaded()))
+    TableIterator::once((
+        c[0],
+        c[1],
+        c[2],
+        c[3],
+        c[4],
+        c[5],
+        c[6],
+        c[7],
+        c[8],
+        c[9],
+        crate::stats::preloaded(),
+    ))
 }

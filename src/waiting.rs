@@ -45,7 +45,8 @@ fn wait_timeout(name: &str, waited_ms: i64) -> FlError {
 /// `fenced_lock_acquire`: `wait` None waits until granted or cancelled.
 pub fn acquire(req: &AcquireRequest, wait_micros: Option<i64>) -> Result<i64, FlError> {
     let start = now();
-    let deadline = effective_wait(wait_micros, session_lock_timeout_micros()).map(|w| start.saturating_add(w));
+    let deadline =
+        effective_wait(wait_micros, session_lock_timeout_micros()).map(|w| start.saturating_add(w));
     let timed_out = || wait_timeout(req.name, (now() - start) / 1000);
 
     {
@@ -138,7 +139,12 @@ impl Drop for LockTimeoutOverride {
 
 /// Take `lock` in `mode`, waiting no later than `deadline` (which already
 /// accounts for `lock_timeout`); past it, fail with `timed_out()`.
-fn lock_until(lock: &LockTag, mode: Mode, deadline: Option<i64>, timed_out: &dyn Fn() -> FlError) -> Result<(), FlError> {
+fn lock_until(
+    lock: &LockTag,
+    mode: Mode,
+    deadline: Option<i64>,
+    timed_out: &dyn Fn() -> FlError,
+) -> Result<(), FlError> {
     let Some(deadline) = deadline else {
         // No wait and no lock_timeout: wait as long as it takes.
         lock.lock(mode);

@@ -72,8 +72,8 @@ pub fn in_own_transaction(work: impl FnOnce() -> Result<(), crate::errors::FlErr
         let work = work;
         (work.0)().map_err(|e| e.to_string())
     })
-        .catch_others(|e| Err(format!("{e:?}")))
-        .execute();
+    .catch_others(|e| Err(format!("{e:?}")))
+    .execute();
     match outcome {
         // SAFETY: the transaction started above.
         Ok(()) => unsafe { pg_sys::CommitTransactionCommand() },
