@@ -169,8 +169,13 @@ fn lock_until(
 
 /// Take the lock; `Err(())` if `lock_timeout` fired. The wait runs in a
 /// subtransaction, as a PL/pgSQL exception block would, so that a timeout is
-/// rolled back properly before we raise an error of our own; the lock, once
-/// granted, passes to the enclosing transaction.
+/// rolled back properly before we raise an error of our own.
+///
+/// Once granted, the lock belongs to the subtransaction's parent resource
+/// owner, not to the caller's (a portal's, in a plain SELECT), under which
+/// `LockTag::unlock` gives locks back. So it is taken once more under the
+/// caller's owner (at once: it is held) and the subtransaction's hold is given
+/// back, leaving exactly what a plain `lock` would have left.
 fn lock_in_subtransaction(lock: &LockTag, mode: Mode) -> Result<(), ()> {
     let lock = *lock;
     // SAFETY: the standard internal-subtransaction dance (see PL/pgSQL's
@@ -188,6 +193,11 @@ fn lock_in_subtransaction(lock: &LockTag, mode: Mode) -> Result<(), ()> {
         PgTryBuilder::new(move || {
             lock.lock(mode);
             pg_sys::ReleaseCurrentSubTransaction();
+            restore();
+            // Hand the hold over to the caller's resource owner.
+            lock.lock(mode);
+            pg_sys::CurrentResourceOwner = pg_sys::CurTransactionResourceOwner;
+            lock.unlock(mode);
             restore();
             Ok(())
         })
