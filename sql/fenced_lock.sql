@@ -24,7 +24,7 @@ CREATE TABLE fenced_lock_internal.lease_records (
     expires_at    timestamptz NOT NULL,
     ttl           interval    NOT NULL,
     session_bound boolean     NOT NULL DEFAULT false
-);
+) WITH (vacuum_truncate = false);  -- never shrinks: the library remembers where records are (docs/design.md, "Objects")
 CREATE INDEX lease_records_expires_at ON fenced_lock_internal.lease_records (expires_at);
 COMMENT ON TABLE fenced_lock_internal.lease_records IS
   'one record per lock name with a lease; written only by the fenced_lock functions';

@@ -213,3 +213,50 @@ pub fn leave_because_client_gone() {
     }
     pgrx::check_for_interrupts!();
 }
+
+/// Is the relation's `vacuum_truncate` storage parameter set to false, so
+/// that VACUUM never shrinks it? (18 distinguishes "set" from the default.)
+///
+/// # Safety
+/// `rel` is an open relation of a table.
+pub unsafe fn vacuum_truncate_disabled(rel: pg_sys::Relation) -> bool {
+    // SAFETY: rd_options of a heap table is NULL or a StdRdOptions.
+    unsafe {
+        let options = (*rel).rd_options as *const pg_sys::StdRdOptions;
+        if options.is_null() {
+            return false;
+        }
+        #[cfg(feature = "pg18")]
+        {
+            (*options).vacuum_truncate_set && !(*options).vacuum_truncate
+        }
+        #[cfg(not(feature = "pg18"))]
+        {
+            !(*options).vacuum_truncate
+        }
+    }
+}
+
+/// Fetch the tuple at `tuple.t_self` if `snapshot` sees it; on success the
+/// buffer stays pinned in `*buffer`. (15 added `keep_buf` to `heap_fetch`.)
+///
+/// # Safety
+/// `rel` is open and locked; the tid is within the relation.
+pub unsafe fn heap_fetch(
+    rel: pg_sys::Relation,
+    snapshot: pg_sys::Snapshot,
+    tuple: &mut pg_sys::HeapTupleData,
+    buffer: &mut pg_sys::Buffer,
+) -> bool {
+    // SAFETY: as the caller promises.
+    unsafe {
+        #[cfg(any(feature = "pg13", feature = "pg14"))]
+        {
+            pg_sys::heap_fetch(rel, snapshot, tuple, buffer)
+        }
+        #[cfg(not(any(feature = "pg13", feature = "pg14")))]
+        {
+            pg_sys::heap_fetch(rel, snapshot, tuple, buffer, false)
+        }
+    }
+}

@@ -18,13 +18,22 @@ pub fn text_datum(s: &str) -> Datum {
     s.into_datum().expect("text datum")
 }
 
-/// A `text` datum's contents.
+/// A `text` (or `varchar`, `bpchar`) datum's contents. Bytes that are not
+/// UTF-8 (possible in a SQL_ASCII database) are replaced, never trusted.
 ///
 /// # Safety
-/// `d` must be a valid, non-NULL text datum.
+/// `d` must be a valid, non-NULL datum of a varlena text type.
 pub unsafe fn text_value(d: Datum) -> String {
-    // SAFETY: the caller passes a text datum; detoasting copies if needed.
-    unsafe { <String as pgrx::FromDatum>::from_datum(d, false).unwrap_or_default() }
+    // SAFETY: detoasting returns a varlena of the reported length, valid
+    // until the current memory context is reset; the bytes are copied out.
+    unsafe {
+        let v = pg_sys::pg_detoast_datum_packed(d.cast_mut_ptr::<pg_sys::varlena>());
+        let bytes = std::slice::from_raw_parts(
+            pgrx::varlena::vardata_any(v) as *const u8,
+            pgrx::varlena::varsize_any_exhdr(v),
+        );
+        String::from_utf8_lossy(bytes).into_owned()
+    }
 }
 
 /// The fields of an interval datum.

@@ -28,19 +28,77 @@ pub fn stale_token(name: &str, token: i64, live: Option<i64>) -> FlError {
 
 /// Accept `token` for `name` only if it is the live lease right now.
 pub fn check(name: &str, token: i64) -> Result<(), FlError> {
+    if checked_before(name, token) {
+        return Ok(());
+    }
     LockTag::name(name).lock(Mode::Shared);
-    let live = match read(name)? {
-        Some(lease) => {
-            let state = state_of(&lease, now());
-            live_token(Some((&lease, state)))
-        }
-        None => None,
-    };
+    let lease = read(name)?;
+    let live = lease.as_ref().and_then(|l| live_token(Some((l, state_of(l, now())))));
     if live == Some(token) {
+        let lease = lease.expect("a live token has a record");
+        remember_check(name, token, lease.expires_at, lease.session_bound);
         Ok(())
     } else {
         Err(stale_token(name, token, live))
     }
+}
+
+/// Leases this transaction has checked, so that a statement writing many
+/// rows under one lock reads its record once. Such an entry stays right for
+/// as long as the transaction keeps the name lock it took for the check: no
+/// other backend can change the record meanwhile. It is forgotten when this
+/// backend changes a lease itself (`forget_checks`), when a subtransaction
+/// rolls back (which may give the lock back), and when the transaction ends
+/// (entries carry its local id). The clock and the session are still looked
+/// at every time.
+struct Checked {
+    lxid: pg_sys::LocalTransactionId,
+    leases: HashMap<String, CheckedLease>,
+}
+
+struct CheckedLease {
+    token: i64,
+    expires_at: i64,
+    session_bound: bool,
+}
+
+thread_local! {
+    static CHECKED: RefCell<Checked> = RefCell::new(Checked { lxid: 0, leases: HashMap::new() });
+}
+
+fn checked_before(name: &str, token: i64) -> bool {
+    let lxid = compat::current_lxid();
+    let hit = CHECKED.with(|c| {
+        let c = c.borrow();
+        match c.leases.get(name) {
+            Some(l) if c.lxid == lxid && l.token == token => Some((l.expires_at, l.session_bound)),
+            _ => None,
+        }
+    });
+    match hit {
+        Some((expires_at, session_bound)) => {
+            now() < expires_at && (!session_bound || crate::session::token_alive(token))
+        }
+        None => false,
+    }
+}
+
+fn remember_check(name: &str, token: i64, expires_at: i64, session_bound: bool) {
+    let lxid = compat::current_lxid();
+    CHECKED.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.lxid != lxid {
+            c.lxid = lxid;
+            c.leases.clear();
+        }
+        c.leases.insert(name.to_string(), CheckedLease { token, expires_at, session_bound });
+    });
+}
+
+/// This backend is about to change a lease, or a subtransaction rolled back:
+/// nothing checked before may be relied on.
+pub fn forget_checks() {
+    CHECKED.with(|c| c.borrow_mut().leases.clear());
 }
 
 /// `fenced_lock_assert`: the check, remembered for this transaction so that

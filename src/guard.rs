@@ -39,17 +39,39 @@ use std::rc::Rc;
 const DEFAULT_TOKEN_COLUMN: &str = "fence_token";
 
 thread_local! {
-    /// Parsed templates by trigger OID (with the text they were parsed from).
-    static TEMPLATES: RefCell<HashMap<pg_sys::Oid, (String, Rc<Template>)>> = RefCell::new(HashMap::new());
+    /// Resolved guards by (table, trigger): parsing the arguments and finding
+    /// the columns is done once, not per row. Forgotten on any relcache
+    /// invalidation of the table, which ALTER TABLE, CREATE OR REPLACE / DROP
+    /// TRIGGER and ALTER TRIGGER all send.
+    static GUARDS: RefCell<HashMap<(pg_sys::Oid, pg_sys::Oid), Rc<Guard>>> = RefCell::new(HashMap::new());
+}
+
+pub fn register() {
+    // SAFETY: called once from _PG_init.
+    unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(forget_guards), Datum::from(0)) };
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn forget_guards(_arg: Datum, relid: pg_sys::Oid) {
+    GUARDS.with(|g| {
+        let mut g = g.borrow_mut();
+        if relid == pg_sys::InvalidOid {
+            g.clear();
+        } else {
+            g.retain(|(table, _), _| *table != relid);
+        }
+    });
 }
 
 /// The resolved shape of one trigger on one table.
 struct Guard {
     table: String,
     template_text: String,
-    template: Rc<Template>,
-    /// attribute numbers of the template's columns
-    columns: HashMap<String, i32>,
+    template: Template,
+    /// the lock name, for a template without columns
+    fixed_name: Option<String>,
+    /// attribute numbers of the template's columns, and how to print them
+    columns: HashMap<String, (i32, Render)>,
     token_column: String,
     token_attnum: i32,
     /// Some template column's text form depends on session settings.
@@ -79,32 +101,48 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
         let event = (*td).tg_event;
         let rel = (*td).tg_relation;
         let trigger = (*td).tg_trigger;
-        let table = name_data(&(*(*rel).rd_rel).relname);
-        let trigger_name = CStr::from_ptr((*trigger).tgname).to_string_lossy().into_owned();
+        let names = || {
+            (
+                name_data(&(*(*rel).rd_rel).relname),
+                CStr::from_ptr((*trigger).tgname).to_string_lossy().into_owned(),
+            )
+        };
 
         let timing = event & pg_sys::TRIGGER_EVENT_TIMINGMASK;
         let row_level = event & pg_sys::TRIGGER_EVENT_ROW != 0;
         let op_bits = event & pg_sys::TRIGGER_EVENT_OPMASK;
+        let misplaced = || {
+            let (table, trigger) = names();
+            guard_not_before_row(&table, &trigger)
+        };
         let op = if op_bits == pg_sys::TRIGGER_EVENT_TRUNCATE && timing == pg_sys::TRIGGER_EVENT_BEFORE {
             // TRUNCATE fires statement-level triggers only.
             Op::Truncate
         } else if timing != pg_sys::TRIGGER_EVENT_BEFORE || !row_level {
-            return Err(guard_not_before_row(&table, &trigger_name));
+            return Err(misplaced());
         } else {
             match op_bits {
                 pg_sys::TRIGGER_EVENT_INSERT => Op::Insert,
                 pg_sys::TRIGGER_EVENT_UPDATE => Op::Update,
                 pg_sys::TRIGGER_EVENT_DELETE => Op::Delete,
-                _ => return Err(guard_not_before_row(&table, &trigger_name)),
+                _ => return Err(misplaced()),
             }
         };
 
-        let args: Vec<String> = (0..(*trigger).tgnargs as usize)
-            .map(|i| CStr::from_ptr(*(*trigger).tgargs.add(i)).to_string_lossy().into_owned())
-            .collect();
         let tupdesc = (*rel).rd_att;
-        let guard = resolve(&table, &trigger_name, (*trigger).tgoid, &args, tupdesc)?;
-
+        let key = ((*rel).rd_id, (*trigger).tgoid);
+        let guard = match GUARDS.with(|g| g.borrow().get(&key).cloned()) {
+            Some(guard) => guard,
+            None => {
+                let args: Vec<String> = (0..(*trigger).tgnargs as usize)
+                    .map(|i| CStr::from_ptr(*(*trigger).tgargs.add(i)).to_string_lossy().into_owned())
+                    .collect();
+                let (table, trigger_name) = names();
+                let guard = Rc::new(resolve(&table, &trigger_name, &args, tupdesc)?);
+                GUARDS.with(|g| g.borrow_mut().insert(key, guard.clone()));
+                guard
+            }
+        };
         match op {
             Op::Insert => {
                 let row = (*td).tg_trigtuple;
@@ -141,7 +179,7 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
                 // transaction that asserted that lock; per-row locks cannot
                 // all be checked by one statement.
                 if !guard.template.columns().is_empty() {
-                    return Err(guard_truncate_per_row(&table, &guard.template_text));
+                    return Err(guard_truncate_per_row(&guard.table, &guard.template_text));
                 }
                 let name = guard.template_text_name()?;
                 check_delete(&name, "truncate under")?;
@@ -164,7 +202,6 @@ fn check_delete(name: &str, what: &str) -> Result<(), FlError> {
 unsafe fn resolve(
     table: &str,
     trigger: &str,
-    tgoid: pg_sys::Oid,
     args: &[String],
     tupdesc: pg_sys::TupleDesc,
 ) -> Result<Guard, FlError> {
@@ -172,19 +209,8 @@ unsafe fn resolve(
         return Err(guard_bad_arguments(table, trigger, args.len()));
     }
     let template_text = args[0].clone();
-    let template = TEMPLATES.with(|cache| {
-        if let Some((text, t)) = cache.borrow().get(&tgoid) {
-            if *text == template_text {
-                return Ok(t.clone());
-            }
-        }
-        let t = Rc::new(
-            Template::parse(&template_text)
-                .map_err(|problem| guard_bad_template(table, trigger, &problem))?,
-        );
-        cache.borrow_mut().insert(tgoid, (template_text.clone(), t.clone()));
-        Ok(t)
-    })?;
+    let template =
+        Template::parse(&template_text).map_err(|problem| guard_bad_template(table, trigger, &problem))?;
 
     let mut columns = HashMap::new();
     let mut canonical = false;
@@ -193,8 +219,10 @@ unsafe fn resolve(
         let attnum = unsafe { attnum(tupdesc, c) }
             .ok_or_else(|| guard_missing_column(table, trigger, c, "template"))?;
         // SAFETY: attnum is a user column of tupdesc.
-        canonical |= !text_form_is_fixed(unsafe { pg_sys::SPI_gettypeid(tupdesc, attnum) });
-        columns.insert(c.to_string(), attnum);
+        // SAFETY: as above.
+        let typ = unsafe { pg_sys::SPI_gettypeid(tupdesc, attnum) };
+        canonical |= !text_form_is_fixed(typ);
+        columns.insert(c.to_string(), (attnum, Render::of(typ)));
     }
     let token_column = args.get(1).cloned().unwrap_or_else(|| DEFAULT_TOKEN_COLUMN.to_string());
     // SAFETY: as above.
@@ -207,15 +235,74 @@ unsafe fn resolve(
         let found = unsafe { CStr::from_ptr(pg_sys::format_type_be(typ)).to_string_lossy().into_owned() };
         return Err(guard_token_not_bigint(table, trigger, &token_column, &found));
     }
-    Ok(Guard {
+    let mut guard = Guard {
         table: table.to_string(),
         template_text,
         template,
+        fixed_name: None,
         columns,
         token_column,
         token_attnum,
         canonical,
-    })
+    };
+    if guard.template.columns().is_empty() {
+        guard.fixed_name = Some(guard.template_text_name()?);
+    }
+    Ok(guard)
+}
+
+/// How a template column's value becomes text: what the type's output
+/// function prints. Integers and text are read straight from the datum (the
+/// common lock-name columns, on every guarded row); anything else goes
+/// through the output function.
+#[derive(Clone, Copy)]
+enum Render {
+    Int2,
+    Int4,
+    Int8,
+    /// text, varchar, bpchar (printed as stored, padding included)
+    Text,
+    Output,
+}
+
+impl Render {
+    fn of(typ: pg_sys::Oid) -> Render {
+        // SAFETY: catalog lookup; a domain prints as its base type.
+        match unsafe { pg_sys::getBaseType(typ) } {
+            pg_sys::INT2OID => Render::Int2,
+            pg_sys::INT4OID => Render::Int4,
+            pg_sys::INT8OID => Render::Int8,
+            pg_sys::TEXTOID | pg_sys::VARCHAROID | pg_sys::BPCHAROID => Render::Text,
+            _ => Render::Output,
+        }
+    }
+
+    /// The text of column `attnum` of `row`, None for SQL NULL.
+    ///
+    /// # Safety
+    /// `attnum` is a user column of `tupdesc`, of a type this Render was
+    /// chosen for.
+    unsafe fn text(self, row: pg_sys::HeapTuple, tupdesc: pg_sys::TupleDesc, attnum: i32) -> Option<String> {
+        // SAFETY: as the caller promises; SPI_getvalue returns NULL for SQL
+        // NULL, else a palloc'd C string made by the type's output function.
+        unsafe {
+            if let Render::Output = self {
+                let v = pg_sys::SPI_getvalue(row, tupdesc, attnum);
+                return (!v.is_null()).then(|| CStr::from_ptr(v).to_string_lossy().into_owned());
+            }
+            let mut isnull = false;
+            let d = pg_sys::SPI_getbinval(row, tupdesc, attnum, &mut isnull);
+            if isnull {
+                return None;
+            }
+            Some(match self {
+                Render::Int2 => (d.value() as i16).to_string(),
+                Render::Int4 => (d.value() as i32).to_string(),
+                Render::Int8 => (d.value() as i64).to_string(),
+                _ => crate::datum::text_value(d),
+            })
+        }
+    }
 }
 
 /// Types whose text output never depends on session settings. Anything else
@@ -308,21 +395,14 @@ impl Guard {
         row: pg_sys::HeapTuple,
         tupdesc: pg_sys::TupleDesc,
     ) -> Result<String, FlError> {
+        if let Some(name) = &self.fixed_name {
+            return Ok(name.clone());
+        }
         let settings = self.canonical.then(CanonicalOutput::enter);
         let name = self.template.render(
-            |column| {
-                let attnum = self.columns[column];
-                // SAFETY: attnum is a user column of tupdesc; SPI_getvalue
-                // returns NULL for SQL NULL, else a palloc'd C string made by
-                // the column type's output function.
-                let v = unsafe { pg_sys::SPI_getvalue(row, tupdesc, attnum) };
-                if v.is_null() {
-                    Ok(None)
-                } else {
-                    // SAFETY: non-null C string.
-                    Ok(Some(unsafe { CStr::from_ptr(v) }.to_string_lossy().into_owned()))
-                }
-            },
+            // SAFETY: each attnum is a user column of tupdesc, of the type
+            // its Render was chosen for.
+            |column| Ok(unsafe { self.columns[column].1.text(row, tupdesc, self.columns[column].0) }),
             |column| guard_null_template_value(&self.table, column, &self.template_text),
         )?;
         drop(settings);

@@ -451,6 +451,7 @@ mod tests {
     fn lease(token: i64, holder: Option<&str>, owner: u32) -> Lease {
         Lease {
             tid: Default::default(),
+            name: "n".into(),
             token,
             holder: holder.map(String::from),
             owner: pg_sys::Oid::from(owner),

@@ -60,6 +60,7 @@ pub extern "C-unwind" fn _PG_init() {
     stats::register();
     xact::register();
     store::register();
+    guard::register();
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@ use crate::spi::{Connection, Statement};
 use pgrx::pg_sys;
 use pgrx::pg_sys::Datum;
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 
 pub const SCHEMA: &CStr = c"fenced_lock_internal";
@@ -74,6 +75,7 @@ impl Tid {
 pub struct Lease {
     /// where this version of the record is; writes address it by `ctid`
     pub tid: Tid,
+    pub name: String,
     pub token: i64,
     pub holder: Option<String>,
     pub owner: pg_sys::Oid,
@@ -159,6 +161,9 @@ struct Objects {
     sequence: pg_sys::Oid,
     columns: LeaseColumns,
     history: Option<HistoryObjects>,
+    /// VACUUM never shrinks the lease table (`vacuum_truncate = false`), so a
+    /// remembered tid always names a block of it (see `read`).
+    tids_stay_in_range: bool,
 }
 
 impl Objects {
@@ -173,8 +178,13 @@ impl Objects {
     }
 }
 
+/// At most this many names' record positions are remembered per backend.
+const REMEMBERED_TIDS: usize = 4096;
+
 thread_local! {
     static OBJECTS: RefCell<Option<Objects>> = const { RefCell::new(None) };
+    /// Where each name's record was last found (see `read`).
+    static TIDS: RefCell<HashMap<String, Tid>> = RefCell::new(HashMap::new());
 }
 
 pub fn register() {
@@ -189,6 +199,7 @@ unsafe extern "C-unwind" fn forget_objects(_arg: Datum, relid: pg_sys::Oid) {
         if let Some(known) = *o {
             if relid == pg_sys::InvalidOid || known.rels().contains(&relid) {
                 *o = None;
+                TIDS.with(|t| t.borrow_mut().clear());
             }
         }
     });
@@ -277,16 +288,17 @@ fn objects() -> Result<Objects, FlError> {
         return Err(catalog_mismatch("the lease history table does not have the shape this library writes"));
     }
     // SAFETY: the relation exists (looked up above); closed at once.
-    let table_owner = unsafe {
+    let (table_owner, tids_stay_in_range) = unsafe {
         let rel = pg_sys::RelationIdGetRelation(table);
         if rel.is_null() {
             return Err(FlError::not_installed("the lease table"));
         }
-        let owner = (*(*rel).rd_rel).relowner;
+        let found = ((*(*rel).rd_rel).relowner, crate::compat::vacuum_truncate_disabled(rel));
         pg_sys::RelationClose(rel);
-        owner
+        found
     };
-    let found = Objects { table, by_name, by_expiry, table_owner, sequence, columns, history };
+    let found =
+        Objects { table, by_name, by_expiry, table_owner, sequence, columns, history, tids_stay_in_range };
     OBJECTS.with(|o| *o.borrow_mut() = Some(found));
     Ok(found)
 }
@@ -322,8 +334,69 @@ fn objects_for_writing() -> Result<Objects, FlError> {
 /// no transition of the name can be in progress, and "committed as of now" is
 /// exactly the latest committed state. This spares taking a snapshot of every
 /// backend's state on each guarded write.
+///
+/// The guard reads a record per row it checks, so the common case is made
+/// cheap: each backend remembers where it last found each name's record, and
+/// first looks there (one buffer, no index descent). The tuple there is the
+/// current record exactly when `SnapshotSelf` sees it and it carries the
+/// name: a record that was replaced, deleted or moved is no longer visible at
+/// its old place (and a reused slot holds another name), and then the index
+/// is asked. The place is only trusted while the table cannot shrink
+/// (`vacuum_truncate = false`; a rewrite gives it a new file and sends the
+/// relcache invalidation that forgets every remembered place).
 pub fn read(name: &str) -> Result<Option<Lease>, FlError> {
     let objects = objects()?;
+    if objects.tids_stay_in_range {
+        if let Some(tid) = TIDS.with(|t| t.borrow().get(name).copied()) {
+            if let Some(lease) = fetch_at(&objects, tid, name) {
+                return Ok(Some(lease));
+            }
+        }
+    }
+    let found = read_by_index(&objects, name);
+    if objects.tids_stay_in_range {
+        TIDS.with(|t| {
+            let mut t = t.borrow_mut();
+            match &found {
+                Some(lease) => {
+                    if t.len() >= REMEMBERED_TIDS {
+                        t.clear();
+                    }
+                    t.insert(name.to_string(), lease.tid);
+                }
+                None => {
+                    t.remove(name);
+                }
+            }
+        });
+    }
+    Ok(found)
+}
+
+/// The record of `name` at `tid`, if the tuple there is that name's current record.
+fn fetch_at(objects: &Objects, tid: Tid, name: &str) -> Option<Lease> {
+    // SAFETY: the table exists and cannot have shrunk below `tid` (see
+    // `read`); the tuple is copied out (`lease_of`) before its buffer is
+    // released.
+    unsafe {
+        let rel = pg_sys::table_open(objects.table, pg_sys::AccessShareLock as i32);
+        let mut tuple: pg_sys::HeapTupleData = std::mem::zeroed();
+        tid.write(&mut tuple.t_self);
+        let mut buffer: pg_sys::Buffer = 0;
+        let mut found = None;
+        if crate::compat::heap_fetch(rel, &raw mut pg_sys::SnapshotSelfData, &mut tuple, &mut buffer) {
+            let lease = lease_of(&objects.columns, &mut tuple, (*rel).rd_att);
+            if lease.name == name {
+                found = Some(lease);
+            }
+            pg_sys::ReleaseBuffer(buffer);
+        }
+        pg_sys::table_close(rel, pg_sys::NoLock as i32);
+        found
+    }
+}
+
+fn read_by_index(objects: &Objects, name: &str) -> Option<Lease> {
     let mut found = None;
     // ScanKeyInit compares with the C collation, the key column's own.
     let key = ScanKey {
@@ -335,7 +408,7 @@ pub fn read(name: &str) -> Result<Option<Lease>, FlError> {
     scan(objects.table, objects.by_name, key, 1, |tuple, desc| {
         found = Some(lease_of(&objects.columns, tuple, desc))
     });
-    Ok(found)
+    found
 }
 
 /// The names of up to `limit` records that expired before `before`, oldest first.
@@ -506,6 +579,7 @@ fn lease_of(c: &LeaseColumns, tuple: pg_sys::HeapTuple, desc: pg_sys::TupleDesc)
     unsafe {
         Lease {
             tid: Tid::from_item_pointer(&(*tuple).t_self),
+            name: text_value(row.value(c.name)),
             token: row.value(c.token).value() as i64,
             holder: (!row.is_null(c.holder)).then(|| text_value(row.value(c.holder))),
             owner: pg_sys::Oid::from(row.value(c.owner).value() as u32),
@@ -561,6 +635,7 @@ pub struct Store {
 impl Store {
     pub fn open() -> Result<Store, FlError> {
         let objects = objects_for_writing()?;
+        crate::fence::forget_checks();
         let mut saved_user = pg_sys::InvalidOid;
         let mut saved_context = 0;
         // SAFETY: save and switch the current user, and push a GUC nest level

@@ -44,6 +44,7 @@ unsafe extern "C-unwind" fn on_subxact_event(
     _arg: *mut std::ffi::c_void,
 ) {
     if event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB {
+        crate::fence::forget_checks();
         session::at_subtransaction_abort(my_subid);
         stats::at_subtransaction_abort(my_subid);
         registry::leave();
