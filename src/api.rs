@@ -71,26 +71,35 @@ unsafe fn ttl_arg(
     }
 }
 
-/// The arguments shared by both acquires, checked.
+/// The arguments of both acquires, checked in their order.
 struct AcquireArgs {
     name: String,
     ttl_micros: i64,
+    /// `fenced_lock_acquire`'s wait, in microseconds (None: no bound)
+    wait_micros: Option<i64>,
     holder: Option<String>,
     session_bound: bool,
 }
 
 impl AcquireArgs {
-    /// Read name (argument 0), ttl (1), holder and session_bound.
+    /// Read name (argument 0), ttl (1), wait (`wait_arg`, acquire only),
+    /// holder and session_bound (the two after it).
     unsafe fn read(
         fcinfo: pg_sys::FunctionCallInfo,
         function: &'static str,
-        holder_arg: usize,
-        session_bound_arg: usize,
+        wait_arg: Option<usize>,
     ) -> Result<Self, FlError> {
-        // SAFETY: the acquires are (name text, ttl interval, ..., holder text, session_bound boolean).
+        // SAFETY: the acquires are (name text, ttl interval, [wait interval,]
+        // holder text, session_bound boolean).
         unsafe {
             let name = name_arg(fcinfo, function)?;
             let ttl_micros = required(ttl_arg(fcinfo, 1, function, &name)?, function, "ttl", Some(&name))?;
+            let wait_micros = match wait_arg.and_then(|n| arg_interval(fcinfo, n)) {
+                None => None,
+                Some((value, datum)) => Some(check_wait(function, &name, value, || interval_text(datum))?),
+            };
+            let holder_arg = wait_arg.map_or(2, |n| n + 1);
+            let session_bound_arg = holder_arg + 1;
             let holder = arg_text(fcinfo, holder_arg);
             check_holder(function, &name, holder.as_deref())?;
             // 0.1.0's declarations pass no session_bound: read as false.
@@ -99,7 +108,7 @@ impl AcquireArgs {
             } else {
                 false
             };
-            Ok(AcquireArgs { name, ttl_micros, holder, session_bound })
+            Ok(AcquireArgs { name, ttl_micros, wait_micros, holder, session_bound })
         }
     }
 
@@ -117,7 +126,7 @@ impl AcquireArgs {
 unsafe fn try_acquire(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
     const F: &str = "fenced_lock_try_acquire";
     // SAFETY: (name text, ttl interval, holder text, session_bound boolean)
-    let args = unsafe { AcquireArgs::read(fcinfo, F, 2, 3)? };
+    let args = unsafe { AcquireArgs::read(fcinfo, F, None)? };
     let _change = Change::begin(F)?;
     match lease::try_acquire(&args.request())? {
         Some(token) => Ok(return_i64(token)),
@@ -130,15 +139,9 @@ sql_function!(fl_try_acquire, pg_finfo_fl_try_acquire, try_acquire);
 unsafe fn acquire(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
     const F: &str = "fenced_lock_acquire";
     // SAFETY: (name text, ttl interval, wait interval, holder text, session_bound boolean)
-    unsafe {
-        let args = AcquireArgs::read(fcinfo, F, 3, 4)?;
-        let wait = match arg_interval(fcinfo, 2) {
-            None => None,
-            Some((value, datum)) => Some(check_wait(F, &args.name, value, || interval_text(datum))?),
-        };
-        let _change = Change::begin(F)?;
-        crate::waiting::acquire(&args.request(), wait).map(return_i64)
-    }
+    let args = unsafe { AcquireArgs::read(fcinfo, F, Some(2))? };
+    let _change = Change::begin(F)?;
+    crate::waiting::acquire(&args.request(), args.wait_micros).map(return_i64)
 }
 sql_function!(fl_acquire, pg_finfo_fl_acquire, acquire);
 

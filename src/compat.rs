@@ -153,7 +153,9 @@ pub fn client_gone() -> bool {
         #[cfg(feature = "pg13")]
         {
             let mut byte = 0u8;
-            let sock = (*pg_sys::MyProcPort).sock;
+            // pgrx binds 13's Port as an opaque struct; `pgsocket sock` is
+            // its first member (libpq/libpq-be.h), an int on Linux.
+            let sock = *(pg_sys::MyProcPort as *const std::ffi::c_int);
             let r =
                 libc_recv(sock, &mut byte as *mut u8 as *mut std::ffi::c_void, 1, MSG_PEEK | MSG_DONTWAIT);
             r == 0

@@ -66,6 +66,11 @@ pub enum AcquireDecision {
 }
 
 /// `same_session`: the record is a session-bound lease of this session.
+///
+/// A session-bound lease belongs to its session: only that session gets it
+/// back, whatever holder it names; another session is refused even with the
+/// same holder (it would hold a lease that dies with someone else's session).
+/// A plain lease goes back to the same non-NULL holder.
 pub fn decide_acquire(
     current: Option<(&Lease, State)>,
     holder: Option<&str>,
@@ -75,13 +80,18 @@ pub fn decide_acquire(
     match current {
         None => AcquireDecision::Grant { ended: None },
         Some((_, state)) if state != State::Live => AcquireDecision::Grant { ended: state.ending() },
-        Some((l, _))
-            if (same_session || (holder.is_some() && l.holder.as_deref() == holder))
-                && acts_for_owner(l.owner) =>
-        {
-            AcquireDecision::Extend { token: l.token }
+        Some((l, _)) => {
+            let asks_again = if l.session_bound {
+                same_session
+            } else {
+                holder.is_some() && l.holder.as_deref() == holder
+            };
+            if asks_again && acts_for_owner(l.owner) {
+                AcquireDecision::Extend { token: l.token }
+            } else {
+                AcquireDecision::Busy { expires_at: l.expires_at }
+            }
         }
-        Some((l, _)) => AcquireDecision::Busy { expires_at: l.expires_at },
     }
 }
 
@@ -513,13 +523,24 @@ mod tests {
 
     #[test]
     fn the_bound_session_reacquiring_keeps_the_token_whatever_the_holder() {
-        let l = lease(5, None, ALICE);
+        let mut l = lease(5, Some("w"), ALICE);
+        l.session_bound = true;
         assert_eq!(
             decide_acquire(Some((&l, State::Live)), None, true, same(ALICE)),
             AcquireDecision::Extend { token: 5 }
         );
         assert_eq!(
             decide_acquire(Some((&l, State::Live)), None, true, same(BOB)),
+            AcquireDecision::Busy { expires_at: 100 }
+        );
+    }
+
+    #[test]
+    fn another_session_naming_the_holder_of_a_session_bound_lease_is_refused() {
+        let mut l = lease(5, Some("w"), ALICE);
+        l.session_bound = true;
+        assert_eq!(
+            decide_acquire(Some((&l, State::Live)), Some("w"), false, same(ALICE)),
             AcquireDecision::Busy { expires_at: 100 }
         );
     }
