@@ -1,7 +1,8 @@
 -- Bad arguments are refused before anything happens: a required NULL
--- argument is 22004, a bad value is 22023 (SPEC section 5). Every function,
--- every argument. Each error names the function and the lock; one message
--- of each kind is shown in full. At the end: no failed call left a lease.
+-- argument is 22004, a bad value is 22023 (docs/reference.md, "SQLSTATEs";
+-- docs/design.md, "Words"). Every function, every argument. Each error names
+-- the function and the lock; one message of each kind is shown in full. At
+-- the end: no failed call left a lease.
 \set VERBOSITY sqlstate
 
 -- A live lease to renew, release, validate and assert against.
@@ -14,16 +15,24 @@ SELECT fenced_lock_try_acquire('args:held', '1 minute') AS t \gset
 SELECT fenced_lock_try_acquire(NULL);
 SELECT fenced_lock_renew('args:held', NULL);
 \set VERBOSITY sqlstate
--- try_acquire(name, ttl, holder): name and ttl are required, holder is optional.
+-- try_acquire(name, ttl, holder, session_bound): name and ttl are required,
+-- holder is optional.
 SELECT fenced_lock_try_acquire(NULL, '1 minute', 'h');
 SELECT fenced_lock_try_acquire('args:bad', NULL, 'h');
 SELECT fenced_lock_try_acquire('args:null-holder', '1 minute', NULL) IS NOT NULL AS granted;
--- acquire(name, ttl, wait, holder): name and ttl are required; wait NULL
--- means "no limit", holder is optional.
+-- acquire(name, ttl, wait, holder, session_bound): name and ttl are
+-- required; wait NULL means "no limit", holder is optional.
 SELECT fenced_lock_acquire(NULL);
 SELECT fenced_lock_acquire(NULL, '1 minute', '1 s', 'h');
 SELECT fenced_lock_acquire('args:bad', NULL);
 SELECT fenced_lock_acquire('args:null-wait', '1 minute', NULL, NULL) IS NOT NULL AS granted;
+-- session_bound (both acquires) is true or false (the default), never NULL.
+\set VERBOSITY default
+SELECT fenced_lock_try_acquire('args:bad', '1 minute', 'h', NULL);
+\set VERBOSITY sqlstate
+SELECT fenced_lock_try_acquire('args:bad', session_bound => NULL);
+SELECT fenced_lock_acquire('args:bad', '1 minute', NULL, 'h', NULL);
+SELECT fenced_lock_acquire('args:bad', session_bound => NULL);
 -- renew(name, token, ttl): name and token are required; ttl NULL means "its own ttl".
 SELECT fenced_lock_renew(NULL, :t);
 SELECT fenced_lock_renew('args:held', NULL, '1 minute');
@@ -176,6 +185,10 @@ SELECT fenced_lock_renew(NULL, 0, '-1 s');
 SELECT fenced_lock_renew('', 0, '-1 s');
 SELECT fenced_lock_renew('args:held', 0, '-1 s');
 SELECT fenced_lock_renew('args:held', NULL, '-1 s');
+SELECT fenced_lock_try_acquire('', '-1 s', NULL, NULL);
+SELECT fenced_lock_try_acquire('args:bad', '-1 s', NULL, NULL);
+SELECT fenced_lock_acquire('args:bad', '1 minute', '-1 s', repeat('h', 513));
+SELECT fenced_lock_acquire('args:bad', '1 minute', '-1 s', 'h', NULL);
 \set VERBOSITY sqlstate
 
 --

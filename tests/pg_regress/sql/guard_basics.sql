@@ -1,8 +1,8 @@
--- The guard trigger (SPEC section 4) on the SPEC's inventory table: a write
--- is accepted only with the token of the live lease of the row's lock name,
--- so a holder that lost its lease cannot write, whatever client it uses.
--- FL001: stale token. FL002: no token (NULL column, or a DELETE without
--- fenced_lock_assert). A rejected statement changes nothing.
+-- The guard trigger (docs/design.md, "The guard") on an inventory table: a
+-- write is accepted only with the token of the live lease of the row's lock
+-- name, so a holder that lost its lease cannot write, whatever client it
+-- uses. FL001: stale token. FL002: no token (NULL column, or a DELETE
+-- without fenced_lock_assert). A rejected statement changes nothing.
 \set VERBOSITY sqlstate
 
 CREATE TABLE inventory (
@@ -24,7 +24,7 @@ SELECT fenced_lock_release('inventory:1', :t0) AS released;
 SELECT item_id, stock, fence_token = :t0 AS written_with_t0 FROM inventory;
 
 --
--- The SPEC's worked example. Stock is 10.
+-- The worked example (docs/design.md, "Why"). Stock is 10.
 --
 -- A takes the lock (ttl 100 ms) and reads 10...
 SELECT fenced_lock_try_acquire('inventory:1', '100 ms', 'client-a') AS ta \gset

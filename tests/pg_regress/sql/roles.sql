@@ -1,9 +1,10 @@
--- Security (SPEC section 8). Nothing is open to PUBLIC: each application role
--- is granted EXECUTE on the functions it uses and SELECT on the view. With
--- that, it can neither read nor write the lease state directly (so it cannot
--- forge a lease or a token), it can renew and release only the leases its
--- own role (or a role it is a member of) acquired, it cannot force release,
--- and the view hides token and holder of other roles' leases.
+-- Security (docs/design.md, "Security"). Nothing is open to PUBLIC: each
+-- application role is granted EXECUTE on the functions it uses and SELECT on
+-- the views it reads. With that, it can neither read nor write the lease
+-- state directly (so it cannot forge a lease or a token), it can renew and
+-- release only the leases its own role (or a role it is a member of)
+-- acquired, it cannot force release, and the views hide token and holder of
+-- other roles' leases.
 \set VERBOSITY sqlstate
 
 CREATE ROLE fl_regress_alice;
@@ -21,13 +22,23 @@ GRANT EXECUTE ON FUNCTION
   TO fl_regress_alice, fl_regress_bob;
 GRANT SELECT ON fenced_lock_leases TO fl_regress_alice, fl_regress_bob;
 
--- A role that was granted nothing cannot call the functions or read the view.
+-- A role that was granted nothing cannot call the functions or read the views.
 SET ROLE fl_regress_nobody;
 \set VERBOSITY default
 SELECT fenced_lock_try_acquire('roles:a');
 \set VERBOSITY sqlstate
 SELECT fenced_lock_validate('roles:a', 1);
 SELECT * FROM fenced_lock_leases;
+SELECT * FROM fenced_lock_waiters;
+SELECT * FROM fenced_lock_history;
+SELECT * FROM fenced_lock_stats;
+RESET ROLE;
+-- Nor can a role granted only EXECUTE and SELECT on fenced_lock_leases (as
+-- Alice and Bob are here) read the other views: each is granted on its own.
+SET ROLE fl_regress_alice;
+SELECT count(*) FROM fenced_lock_waiters;
+SELECT count(*) FROM fenced_lock_history;
+SELECT count(*) FROM fenced_lock_stats;
 RESET ROLE;
 
 -- Alice takes a lease.
@@ -47,8 +58,18 @@ DELETE FROM fenced_lock_internal.lease_records;
 TRUNCATE fenced_lock_internal.lease_records;
 SELECT nextval('fenced_lock_internal.token_seq');
 SELECT setval('fenced_lock_internal.token_seq', 1);
+-- The same for the history: it cannot be read, forged or erased directly.
+SELECT * FROM fenced_lock_internal.lease_history;
+INSERT INTO fenced_lock_internal.lease_history (token, name, owner, session_bound, acquired_at, expires_at)
+  VALUES (1, 'roles:forged', 'fl_regress_alice', false, now(), now() + '1 hour');
+UPDATE fenced_lock_internal.lease_history SET ended_by = NULL, ended_at = NULL;
+DELETE FROM fenced_lock_internal.lease_history;
+TRUNCATE fenced_lock_internal.lease_history;
+-- The functions behind the views cannot be named either.
+SELECT * FROM fenced_lock_internal.waiters();
+SELECT * FROM fenced_lock_internal.stats();
 RESET ROLE;
--- Even with USAGE on the schema, the table and sequence grant nothing.
+-- Even with USAGE on the schema, the tables and the sequence grant nothing.
 GRANT USAGE ON SCHEMA fenced_lock_internal TO fl_regress_alice;
 SET ROLE fl_regress_alice;
 SELECT * FROM fenced_lock_internal.lease_records;
@@ -56,6 +77,9 @@ INSERT INTO fenced_lock_internal.lease_records VALUES ('roles:forged', 1, NULL, 
 UPDATE fenced_lock_internal.lease_records SET expires_at = expires_at + '1 hour';
 DELETE FROM fenced_lock_internal.lease_records;
 SELECT nextval('fenced_lock_internal.token_seq');
+SELECT * FROM fenced_lock_internal.lease_history;
+UPDATE fenced_lock_internal.lease_history SET ended_by = NULL, ended_at = NULL;
+DELETE FROM fenced_lock_internal.lease_history;
 RESET ROLE;
 REVOKE USAGE ON SCHEMA fenced_lock_internal FROM fl_regress_alice;
 -- Nothing changed: same single lease, still Alice's.

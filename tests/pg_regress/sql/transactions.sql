@@ -1,17 +1,14 @@
--- Leases and transactions (SPEC sections 3 and 4). A grant made inside an
--- explicit transaction takes effect when it commits; rolled back, it never
--- existed and its token is burnt, never reused. A whole unit of work
--- (acquire, guarded writes, release) fits in one transaction. At REPEATABLE
--- READ and SERIALIZABLE the functions and the guard still decide on the
--- latest committed lease state and the server's clock, not on the
--- transaction's snapshot or start time. A second session (dblink) stands in
--- for another client.
+-- Leases and transactions (docs/design.md, "Transitions", "The guard" and
+-- "Invariants" 5). A grant made inside an explicit transaction takes effect
+-- when it commits; rolled back, it never existed and its token is burnt,
+-- never reused. A whole unit of work (acquire, guarded writes, release) fits
+-- in one transaction. At REPEATABLE READ and SERIALIZABLE the functions and
+-- the guard still decide on the latest committed lease state and the
+-- server's clock, not on the transaction's snapshot or start time. A second
+-- session (dblink) stands in for another client.
 \set VERBOSITY sqlstate
 
-CREATE EXTENSION dblink;
-SELECT dblink_connect('other', format('host=%s port=%s dbname=%s user=%s',
-         coalesce(host(inet_server_addr()), split_part(current_setting('unix_socket_directories'), ',', 1)),
-         current_setting('port'), current_database(), current_user)) AS connected;
+SELECT dblink_connect('other', regress_conninfo()) AS connected;
 
 CREATE TABLE ledger (account text PRIMARY KEY, balance int NOT NULL, fence_token bigint);
 CREATE TRIGGER ledger_fence
@@ -143,5 +140,4 @@ ROLLBACK;
 SELECT * FROM dblink('other', format('SELECT fenced_lock_release(%L, %s)', 'ledger:a', :t11)) AS (released boolean);
 SELECT dblink_disconnect('other');
 DROP TABLE ledger;
-DROP EXTENSION dblink;
 SELECT count(*) AS live_leases FROM fenced_lock_leases WHERE name LIKE 'ledger:%' AND live;
