@@ -1,7 +1,7 @@
 # fenced_lock — build, demo, tests, benchmarks.
 #   make demo    build + install, start a scratch PostgreSQL on loopback, run the inventory story
 #   make test    every suite: unit, pgrx, pg_regress, isolation, integration, faults, bench smoke
-#   make bench   the SPEC §9 comparison tables (see README)
+#   make bench   fenced_lock beside its baselines and peers, with the speed targets (bench/README.md)
 # Run as root on Debian bookworm (scripts/prereqs.sh installs what is missing).
 
 PG_CONFIG ?= /usr/bin/pg_config
@@ -10,7 +10,7 @@ PGRX_DATA ?= /tmp/fenced_lock_pgrx
 export PATH := /usr/lib/postgresql/15/bin:$(PATH)
 
 .PHONY: all prereqs build install demo test test-unit test-pgrx test-regress test-isolation \
-        test-integration test-faults bench bench-smoke fmt lint clean
+        test-integration test-faults test-ha bench bench-smoke fmt lint clean
 
 all: install
 
@@ -48,6 +48,10 @@ test-integration:
 
 test-faults:
 	$(PYTHON) -m pytest -q -p no:cacheprovider tests/faults
+
+# Patroni + etcd failover suite (tests/ha/README.md); needs the extension installed.
+test-ha:
+	$(PYTHON) -m pytest -q -p no:cacheprovider tests/ha
 
 bench: prereqs install
 	bash bench/run.sh

@@ -4,8 +4,9 @@
 set -euo pipefail
 
 packages=(postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo
-          python3-psycopg python3-pytest pgbouncer redis-server etcd-server etcd-client
-          faketime procps python3-redis python3-matplotlib)
+          python3-psycopg python3-pytest pgbouncer redis-server etcd-server etcd-client patroni
+          faketime procps python3-redis python3-matplotlib
+          protobuf-compiler)  # protoc: etcd-client (bench/client) compiles etcd's .proto files
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -16,8 +17,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq "${missing[@]}" >/dev/null
   # Debian starts these services on install; the tests start their own.
-  for svc in postgresql redis-server etcd pgbouncer; do
+  for svc in postgresql redis-server etcd pgbouncer patroni; do
     service "$svc" stop >/dev/null 2>&1 || true
+  done
+  # tests/ha runs its own etcd and Patroni: keep Debian's from starting at boot.
+  for svc in etcd patroni; do
+    systemctl disable "$svc" >/dev/null 2>&1 || true
   done
 fi
 
