@@ -166,3 +166,49 @@ fn a_rolled_back_grant_burns_its_token() {
     let after = one_i64("SELECT fenced_lock_try_acquire('burn:b')").unwrap();
     assert!(after > before + 1, "the rolled-back grant's token {} is not reused", before + 1);
 }
+
+#[pg_test]
+fn a_session_bound_lease_goes_back_to_its_session_with_the_same_token() {
+    let t = one_i64("SELECT fenced_lock_try_acquire('sb:1', '1 minute', 'a', session_bound => true)").unwrap();
+    let again = one_i64("SELECT fenced_lock_try_acquire('sb:1', '1 hour', 'b', session_bound => true)").unwrap();
+    assert_eq!(t, again);
+    assert_eq!(one_bool("SELECT session_bound AND live FROM fenced_lock_leases WHERE name = 'sb:1'"), Some(true));
+    assert_eq!(
+        one_i64("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 17997 AND pid = pg_backend_pid()"),
+        Some(1),
+        "the session holds the lease's session lock"
+    );
+}
+
+#[pg_test]
+fn every_grant_opens_a_history_row_and_its_release_closes_it() {
+    let t = one_i64("SELECT fenced_lock_try_acquire('hist:1', '1 minute', 'w')").unwrap();
+    assert_eq!(
+        one_bool(&format!("SELECT ended_at IS NULL FROM fenced_lock_history WHERE token = {t}")),
+        Some(true)
+    );
+    assert!(fenced_release("hist:1", t));
+    let (ended_by, role) = Spi::get_two::<String, String>(&format!(
+        "SELECT ended_by, ended_by_role::text FROM fenced_lock_history WHERE token = {t}"
+    ))
+    .unwrap();
+    assert_eq!(ended_by.as_deref(), Some("release"));
+    assert_eq!(role, Spi::get_one::<String>("SELECT current_user::text").unwrap());
+}
+
+#[pg_test]
+fn no_history_row_is_written_when_retention_is_zero() {
+    Spi::run("SET fenced_lock.history_retention = 0").unwrap();
+    let t = one_i64("SELECT fenced_lock_try_acquire('hist:2')").unwrap();
+    assert_eq!(one_i64(&format!("SELECT count(*) FROM fenced_lock_history WHERE token = {t}")), Some(0));
+}
+
+#[pg_test]
+fn counters_are_null_without_preloading() {
+    assert_eq!(one_bool("SELECT NOT preloaded AND grants IS NULL AND fence_rejections IS NULL FROM fenced_lock_stats"), Some(true));
+}
+
+#[pg_test(error = "fenced_lock_try_acquire: argument \"session_bound\" must not be NULL (lock \"sb:2\")")]
+fn null_session_bound_is_rejected() {
+    Spi::run("SELECT fenced_lock_try_acquire('sb:2', session_bound => NULL)").unwrap();
+}
