@@ -11,8 +11,8 @@
 -- goes. Such a backend then fails cleanly ("the lease table ... is
 -- missing") instead of misreading a row.
 CREATE TABLE fenced_lock_internal.lease_records (
-    name          text COLLATE "C" PRIMARY KEY CHECK (octet_length(name) BETWEEN 1 AND 512),
-    token         bigint      NOT NULL CHECK (token > 0),
+    name          text COLLATE "C" PRIMARY KEY,
+    token         bigint      NOT NULL,
     holder        text,
     owner         regrole     NOT NULL,
     acquired_at   timestamptz NOT NULL,
@@ -21,13 +21,15 @@ CREATE TABLE fenced_lock_internal.lease_records (
     session_bound boolean     NOT NULL DEFAULT false
 ) WITH (vacuum_truncate = false);  -- never shrinks: the library remembers where records are (docs/design.md, "Objects")
 CREATE INDEX lease_records_expires_at ON fenced_lock_internal.lease_records (expires_at);
+CREATE INDEX lease_records_session_bound ON fenced_lock_internal.lease_records (name) WHERE session_bound;
 COMMENT ON TABLE fenced_lock_internal.lease_records IS
   'one record per lock name with a lease; written only by the fenced_lock functions';
 INSERT INTO fenced_lock_internal.lease_records (name, token, holder, owner, acquired_at, expires_at, ttl, session_bound)
 SELECT name, token, holder, owner, acquired_at, expires_at, ttl, false
   FROM fenced_lock_internal.leases;
 
--- 2. The history starts with the leases that exist now.
+-- 2. The history of ended leases starts empty; the leases of step 1 show
+-- in fenced_lock_history from their records.
 CREATE TABLE fenced_lock_internal.lease_history (
     token         bigint PRIMARY KEY,
     name          text COLLATE "C" NOT NULL,
@@ -36,19 +38,14 @@ CREATE TABLE fenced_lock_internal.lease_history (
     session_bound boolean     NOT NULL,
     acquired_at   timestamptz NOT NULL,
     expires_at    timestamptz NOT NULL,
-    ended_at      timestamptz,
-    ended_by      text CHECK (ended_by IN ('release', 'expiry', 'force_release', 'session_end')),
-    ended_by_role name,
-    CHECK ((ended_at IS NULL) = (ended_by IS NULL))
+    ended_at      timestamptz NOT NULL,
+    ended_by      text        NOT NULL,  -- release, expiry, force_release, session_end
+    ended_by_role name
 );
-CREATE INDEX lease_history_ended_at ON fenced_lock_internal.lease_history (ended_at) WHERE ended_at IS NOT NULL;
+CREATE INDEX lease_history_ended_at ON fenced_lock_internal.lease_history (ended_at);
 CREATE INDEX lease_history_name ON fenced_lock_internal.lease_history (name, token);
 COMMENT ON TABLE fenced_lock_internal.lease_history IS
-  'one row per lease granted, written in the same transaction as each change; written only by the fenced_lock functions';
-INSERT INTO fenced_lock_internal.lease_history (token, name, holder, owner, session_bound, acquired_at, expires_at)
-SELECT token, name, holder, pg_catalog.pg_get_userbyid(owner), false, acquired_at, expires_at
-  FROM fenced_lock_internal.leases;
-
+  'one row per lease that has ended, written in the transaction that ended it; written only by the fenced_lock functions';
 SELECT pg_catalog.pg_extension_config_dump('fenced_lock_internal.lease_records', '');
 SELECT pg_catalog.pg_extension_config_dump('fenced_lock_internal.lease_history', '');
 
@@ -149,15 +146,25 @@ SELECT h.name,
        h.owner,
        h.session_bound,
        h.acquired_at,
-       COALESCE(l.expires_at, h.expires_at) AS expires_at,
+       h.expires_at,
        h.ended_at,
        h.ended_by,
        h.ended_by_role
   FROM fenced_lock_internal.lease_history h
-  LEFT JOIN fenced_lock_internal.lease_records l
-         ON h.ended_at IS NULL AND l.name OPERATOR(pg_catalog.=) h.name AND l.token OPERATOR(pg_catalog.=) h.token;
+UNION ALL
+SELECT l.name,
+       CASE WHEN fenced_lock_internal.may_see(l.owner) THEN l.token END,
+       CASE WHEN fenced_lock_internal.may_see(l.owner) THEN l.holder END,
+       pg_catalog.pg_get_userbyid(l.owner::pg_catalog.oid),
+       l.session_bound,
+       l.acquired_at,
+       l.expires_at,
+       NULL::timestamptz,
+       NULL::text,
+       NULL::name
+  FROM fenced_lock_internal.lease_records l;
 COMMENT ON VIEW fenced_lock_history IS
-  'one row per lease granted and not yet aged out (fenced_lock.history_retention); token and holder shown to the owner''s members and operators only';
+  'one row per lease granted and not yet aged out: ended leases kept fenced_lock.history_retention, and every lease record; token and holder shown to the owner''s members and operators only';
 
 CREATE VIEW fenced_lock_stats AS
 SELECT * FROM fenced_lock_internal.stats();

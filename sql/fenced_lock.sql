@@ -15,9 +15,12 @@ CREATE SEQUENCE fenced_lock_internal.token_seq AS bigint MINVALUE 1 NO CYCLE;
 
 -- One record per lock name that has a lease (live, or ended and not yet
 -- reaped). 0.1.0 called it `leases`; see sql/fenced_lock--0.1.0--0.2.0.sql.
+-- No CHECK constraints here or on the history: the functions are the only
+-- writers and check every value first, and PostgreSQL would re-read each
+-- constraint's expression on every write they make (docs/design.md, "Speed").
 CREATE TABLE fenced_lock_internal.lease_records (
-    name          text COLLATE "C" PRIMARY KEY CHECK (octet_length(name) BETWEEN 1 AND 512),
-    token         bigint      NOT NULL CHECK (token > 0),
+    name          text COLLATE "C" PRIMARY KEY,
+    token         bigint      NOT NULL,
     holder        text,
     owner         regrole     NOT NULL,
     acquired_at   timestamptz NOT NULL,
@@ -26,11 +29,14 @@ CREATE TABLE fenced_lock_internal.lease_records (
     session_bound boolean     NOT NULL DEFAULT false
 ) WITH (vacuum_truncate = false);  -- never shrinks: the library remembers where records are (docs/design.md, "Objects")
 CREATE INDEX lease_records_expires_at ON fenced_lock_internal.lease_records (expires_at);
+CREATE INDEX lease_records_session_bound ON fenced_lock_internal.lease_records (name) WHERE session_bound;
 COMMENT ON TABLE fenced_lock_internal.lease_records IS
   'one record per lock name with a lease; written only by the fenced_lock functions';
 
--- One row per lease granted, kept fenced_lock.history_retention after it ends.
--- Roles are kept by name: a log outlives the roles it mentions.
+-- One row per lease that has ended, written by the transaction that ended it
+-- and kept fenced_lock.history_retention; leases that have not ended are their
+-- records (the view shows both). Roles are kept by name: a log outlives the
+-- roles it mentions.
 CREATE TABLE fenced_lock_internal.lease_history (
     token         bigint PRIMARY KEY,
     name          text COLLATE "C" NOT NULL,
@@ -39,15 +45,14 @@ CREATE TABLE fenced_lock_internal.lease_history (
     session_bound boolean     NOT NULL,
     acquired_at   timestamptz NOT NULL,
     expires_at    timestamptz NOT NULL,
-    ended_at      timestamptz,
-    ended_by      text CHECK (ended_by IN ('release', 'expiry', 'force_release', 'session_end')),
-    ended_by_role name,
-    CHECK ((ended_at IS NULL) = (ended_by IS NULL))
+    ended_at      timestamptz NOT NULL,
+    ended_by      text        NOT NULL,  -- release, expiry, force_release, session_end
+    ended_by_role name
 );
-CREATE INDEX lease_history_ended_at ON fenced_lock_internal.lease_history (ended_at) WHERE ended_at IS NOT NULL;
+CREATE INDEX lease_history_ended_at ON fenced_lock_internal.lease_history (ended_at);
 CREATE INDEX lease_history_name ON fenced_lock_internal.lease_history (name, token);
 COMMENT ON TABLE fenced_lock_internal.lease_history IS
-  'one row per lease granted, written in the same transaction as each change; written only by the fenced_lock functions';
+  'one row per lease that has ended, written in the transaction that ended it; written only by the fenced_lock functions';
 
 -- pg_dump keeps lease records, the history and the sequence position.
 SELECT pg_catalog.pg_extension_config_dump('fenced_lock_internal.lease_records', '');
@@ -145,15 +150,25 @@ SELECT h.name,
        h.owner,
        h.session_bound,
        h.acquired_at,
-       COALESCE(l.expires_at, h.expires_at) AS expires_at,
+       h.expires_at,
        h.ended_at,
        h.ended_by,
        h.ended_by_role
   FROM fenced_lock_internal.lease_history h
-  LEFT JOIN fenced_lock_internal.lease_records l
-         ON h.ended_at IS NULL AND l.name OPERATOR(pg_catalog.=) h.name AND l.token OPERATOR(pg_catalog.=) h.token;
+UNION ALL
+SELECT l.name,
+       CASE WHEN fenced_lock_internal.may_see(l.owner) THEN l.token END,
+       CASE WHEN fenced_lock_internal.may_see(l.owner) THEN l.holder END,
+       pg_catalog.pg_get_userbyid(l.owner::pg_catalog.oid),
+       l.session_bound,
+       l.acquired_at,
+       l.expires_at,
+       NULL::timestamptz,
+       NULL::text,
+       NULL::name
+  FROM fenced_lock_internal.lease_records l;
 COMMENT ON VIEW fenced_lock_history IS
-  'one row per lease granted and not yet aged out (fenced_lock.history_retention); token and holder shown to the owner''s members and operators only';
+  'one row per lease granted and not yet aged out: ended leases kept fenced_lock.history_retention, and every lease record; token and holder shown to the owner''s members and operators only';
 
 CREATE VIEW fenced_lock_stats AS
 SELECT * FROM fenced_lock_internal.stats();

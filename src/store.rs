@@ -1,7 +1,8 @@
 //! Where lease state lives: the tables `fenced_lock_internal.lease_records`
 //! (one record per name) and `fenced_lock_internal.lease_history` (one row
-//! per grant), and the sequence `fenced_lock_internal.token_seq`, written
-//! only through here (docs/design.md, "Objects").
+//! per lease that has ended), and the sequence
+//! `fenced_lock_internal.token_seq`, written only through here
+//! (docs/design.md, "Objects").
 //!
 //! Reads go straight through an index with `SnapshotSelf`, without SPI or a
 //! change of user. Writes run as the owner of the lease table, in a
@@ -139,14 +140,12 @@ struct LeaseColumns {
     session_bound: Option<i16>,
 }
 
-/// The history table and its indexes (absent in the 0.1.0 catalog).
+/// The history table and its index on `ended_at` (absent in the 0.1.0 catalog).
 #[derive(Clone, Copy)]
 struct HistoryObjects {
     table: pg_sys::Oid,
-    by_token: pg_sys::Oid,
     by_ended_at: pg_sys::Oid,
-    /// attnums of `token` and `ended_at`
-    token: i16,
+    /// attnum of `ended_at`
     ended_at: i16,
 }
 
@@ -157,6 +156,8 @@ struct Objects {
     table: pg_sys::Oid,
     by_name: pg_sys::Oid,
     by_expiry: pg_sys::Oid,
+    /// partial index of the session-bound records (absent in the 0.1.0 catalog)
+    by_session: Option<pg_sys::Oid>,
     table_owner: pg_sys::Oid,
     sequence: pg_sys::Oid,
     columns: LeaseColumns,
@@ -168,13 +169,14 @@ struct Objects {
 
 impl Objects {
     fn rels(&self) -> [pg_sys::Oid; 7] {
-        let h = self.history.map(|h| [h.table, h.by_token, h.by_ended_at]).unwrap_or_default();
-        [self.table, self.by_name, self.by_expiry, self.sequence, h[0], h[1], h[2]]
+        let h = self.history.map(|h| [h.table, h.by_ended_at]).unwrap_or_default();
+        let s = self.by_session.unwrap_or_default();
+        [self.table, self.by_name, self.by_expiry, self.sequence, h[0], h[1], s]
     }
 
     /// The catalog is the one this library was built for (not 0.1.0's).
     fn current(&self) -> bool {
-        self.history.is_some() && self.columns.session_bound.is_some()
+        self.history.is_some() && self.columns.session_bound.is_some() && self.by_session.is_some()
     }
 }
 
@@ -185,6 +187,8 @@ thread_local! {
     static OBJECTS: RefCell<Option<Objects>> = const { RefCell::new(None) };
     /// Where each name's record was last found (see `read`).
     static TIDS: RefCell<HashMap<String, Tid>> = RefCell::new(HashMap::new());
+    /// Where the reaper's walk through session-bound records goes on from.
+    static SESSION_CURSOR: RefCell<String> = const { RefCell::new(String::new()) };
 }
 
 pub fn register() {
@@ -274,17 +278,10 @@ fn objects() -> Result<Objects, FlError> {
     let history_table = relid(nsp, c"lease_history");
     let history = (history_table != pg_sys::InvalidOid).then(|| HistoryObjects {
         table: history_table,
-        by_token: relid(nsp, c"lease_history_pkey"),
         by_ended_at: relid(nsp, c"lease_history_ended_at"),
-        token: column(history_table, "token", pg_sys::INT8OID).unwrap_or(0),
         ended_at: column(history_table, "ended_at", pg_sys::TIMESTAMPTZOID).unwrap_or(0),
     });
-    if history.is_some_and(|h| {
-        h.by_token == pg_sys::InvalidOid
-            || h.by_ended_at == pg_sys::InvalidOid
-            || h.token == 0
-            || h.ended_at == 0
-    }) {
+    if history.is_some_and(|h| h.by_ended_at == pg_sys::InvalidOid || h.ended_at == 0) {
         return Err(catalog_mismatch("the lease history table does not have the shape this library writes"));
     }
     // SAFETY: the relation exists (looked up above); closed at once.
@@ -297,8 +294,17 @@ fn objects() -> Result<Objects, FlError> {
         pg_sys::RelationClose(rel);
         found
     };
-    let found =
-        Objects { table, by_name, by_expiry, table_owner, sequence, columns, history, tids_stay_in_range };
+    let found = Objects {
+        table,
+        by_name,
+        by_expiry,
+        by_session: Some(relid(nsp, c"lease_records_session_bound")).filter(|r| *r != pg_sys::InvalidOid),
+        table_owner,
+        sequence,
+        columns,
+        history,
+        tids_stay_in_range,
+    };
     OBJECTS.with(|o| *o.borrow_mut() = Some(found));
     Ok(found)
 }
@@ -428,37 +434,29 @@ fn expired_names(objects: &Objects, before: i64, limit: usize) -> Vec<String> {
     out
 }
 
-/// The names of up to `limit` session-bound records, for the reaper.
+/// Up to `limit` session-bound records (name, token), for the reaper, read
+/// through their partial index from where the previous call stopped, so that
+/// every such record comes round however many there are.
 fn session_bound_names(objects: &Objects, limit: usize) -> Vec<(String, i64)> {
-    let Some(attno) = objects.columns.session_bound else { return Vec::new() };
+    let Some(by_session) = objects.by_session else { return Vec::new() };
+    let from = SESSION_CURSOR.with(|c| c.borrow().clone());
     let mut out = Vec::new();
-    // SAFETY: a plain heap scan with SnapshotSelf, like `scan`.
-    unsafe {
-        let rel = pg_sys::table_open(objects.table, pg_sys::AccessShareLock as i32);
-        let scan = pg_sys::systable_beginscan(
-            rel,
-            pg_sys::InvalidOid,
-            false,
-            &raw mut pg_sys::SnapshotSelfData,
-            0,
-            std::ptr::null_mut(),
-        );
-        while out.len() < limit {
-            let tuple = pg_sys::systable_getnext(scan);
-            if tuple.is_null() {
-                break;
-            }
-            let row = Row::deform(tuple, (*rel).rd_att);
-            if !row.is_null(attno) && row.value(attno).value() != 0 {
-                out.push((
-                    text_value(row.value(objects.columns.name)),
-                    row.value(objects.columns.token).value() as i64,
-                ));
-            }
-        }
-        pg_sys::systable_endscan(scan);
-        pg_sys::table_close(rel, pg_sys::NoLock as i32);
-    }
+    let key = ScanKey {
+        attno: objects.columns.name,
+        strategy: pg_sys::BTGreaterStrategyNumber,
+        procedure: pg_sys::F_TEXT_GT,
+        argument: text_datum(&from),
+    };
+    scan(objects.table, by_session, key, limit, |tuple, desc| {
+        let lease = lease_of(&objects.columns, tuple, desc);
+        out.push((lease.name, lease.token));
+    });
+    let next = if out.len() < limit {
+        String::new()
+    } else {
+        out.last().map(|(n, _)| n.clone()).unwrap_or_default()
+    };
+    SESSION_CURSOR.with(|c| *c.borrow_mut() = next);
     out
 }
 
@@ -476,25 +474,6 @@ fn ended_history(history: &HistoryObjects, before: i64, limit: usize) -> Vec<Tid
         out.push(Tid::from_item_pointer(unsafe { &(*tuple).t_self }));
     });
     out
-}
-
-/// The history row of `token`, if there is one and it has not ended.
-fn open_history_row(history: &HistoryObjects, token: i64) -> Option<Tid> {
-    let mut found = None;
-    let key = ScanKey {
-        attno: history.token,
-        strategy: pg_sys::BTEqualStrategyNumber,
-        procedure: pg_sys::F_INT8EQ,
-        argument: Datum::from(token),
-    };
-    scan(history.table, history.by_token, key, 1, |tuple, desc| {
-        let row = Row::deform(tuple, desc);
-        if row.is_null(history.ended_at) {
-            // SAFETY: a tuple handed out by the scan.
-            found = Some(Tid::from_item_pointer(unsafe { &(*tuple).t_self }));
-        }
-    });
-    found
 }
 
 struct ScanKey {
@@ -670,16 +649,16 @@ impl Store {
     }
 
     /// Record a new lease, replacing the (ended) record at `replaces` if
-    /// there is one, and open its history row unless history is off.
+    /// there is one. Live leases are not in the history table: the history
+    /// view shows them from their records (docs/design.md, "Observability").
     pub fn grant(&self, g: &Grant, replaces: Option<Tid>) -> Result<(), FlError> {
-        let expires_at = expiry(g.now, g.ttl_micros);
         let mut args = vec![
             Some(text_datum(g.name)),
             Some(Datum::from(g.token)),
             g.holder.map(text_datum),
             Some(Datum::from(g.owner)),
             Some(Datum::from(g.now)),
-            Some(Datum::from(expires_at)),
+            Some(Datum::from(expiry(g.now, g.ttl_micros))),
             Some(crate::datum::interval_datum(g.ttl_micros)),
             Some(Datum::from(g.session_bound)),
         ];
@@ -690,20 +669,7 @@ impl Store {
             }
             None => &INSERT,
         };
-        expect_one(self.spi.run(stmt, &args), g.name)?;
-        if crate::settings::history_retention_seconds() > 0 {
-            let args = [
-                Some(Datum::from(g.token)),
-                Some(text_datum(g.name)),
-                g.holder.map(text_datum),
-                Some(name_datum(&role_name(g.owner))),
-                Some(Datum::from(g.session_bound)),
-                Some(Datum::from(g.now)),
-                Some(Datum::from(expires_at)),
-            ];
-            self.spi.run(&HISTORY_INSERT, &args);
-        }
-        Ok(())
+        expect_one(self.spi.run(stmt, &args), g.name)
     }
 
     /// Move the expiry of `lease` to `now + ttl`. The ttl the lease was
@@ -714,7 +680,8 @@ impl Store {
     }
 
     /// Remove the record of `lease`, which ended as `ending` at `ended_at`
-    /// (by `role`, for a release or force release).
+    /// (by `role`, for a release or force release), and write its history
+    /// row, in one statement.
     pub fn end(
         &self,
         name: &str,
@@ -723,24 +690,38 @@ impl Store {
         ended_at: i64,
         role: Option<pg_sys::Oid>,
     ) -> Result<(), FlError> {
-        expect_one(self.spi.run(&DELETE, &[Some(lease.tid.datum())]), name)?;
-        self.record_end(lease, ending, ended_at, role);
-        Ok(())
+        if !history_kept() {
+            return expect_one(self.spi.run(&DELETE, &[Some(lease.tid.datum())]), name);
+        }
+        let args = [
+            Some(lease.tid.datum()),
+            Some(Datum::from(lease.expires_at)),
+            Some(Datum::from(ended_at)),
+            Some(text_datum(ending.as_str())),
+            role.map(|r| name_datum(&role_name(r))),
+        ];
+        expect_one(self.spi.run(&DELETE_INTO_HISTORY, &args), name)
     }
 
-    /// Close the history row of `lease` (if history has one).
+    /// Write the history row of `lease`, which ended as `ending` at
+    /// `ended_at` and whose record is about to be overwritten by a grant.
     pub fn record_end(&self, lease: &Lease, ending: Ending, ended_at: i64, role: Option<pg_sys::Oid>) {
-        let history = self.objects.history.expect("current catalog");
-        if let Some(tid) = open_history_row(&history, lease.token) {
-            let args = [
-                Some(tid.datum()),
-                Some(Datum::from(ended_at)),
-                Some(text_datum(ending.as_str())),
-                role.map(|r| name_datum(&role_name(r))),
-                Some(Datum::from(lease.expires_at)),
-            ];
-            self.spi.run(&HISTORY_END, &args);
+        if !history_kept() {
+            return;
         }
+        let args = [
+            Some(Datum::from(lease.token)),
+            Some(text_datum(&lease.name)),
+            lease.holder.as_deref().map(text_datum),
+            Some(name_datum(&role_name(lease.owner))),
+            Some(Datum::from(lease.session_bound)),
+            Some(Datum::from(lease.acquired_at)),
+            Some(Datum::from(lease.expires_at)),
+            Some(Datum::from(ended_at)),
+            Some(text_datum(ending.as_str())),
+            role.map(|r| name_datum(&role_name(r))),
+        ];
+        self.spi.run(&HISTORY_INSERT, &args);
     }
 
     /// Up to `limit` names whose records expired before `before`.
@@ -772,6 +753,11 @@ impl Drop for Store {
             pg_sys::SetUserIdAndSecContext(self.saved_user, self.saved_context);
         }
     }
+}
+
+/// Is the history of ended leases kept (`fenced_lock.history_retention` > 0)?
+fn history_kept() -> bool {
+    crate::settings::history_retention_seconds() > 0
 }
 
 fn expiry(now: i64, ttl_micros: i64) -> i64 {
@@ -838,18 +824,21 @@ static DELETE: Statement = Statement {
     args: &[TID],
 };
 
-static HISTORY_INSERT: Statement = Statement {
-    sql: "INSERT INTO fenced_lock_internal.lease_history \
-          (token, name, holder, owner, session_bound, acquired_at, expires_at) \
-          VALUES ($1, $2, $3, $4, $5, $6, $7)",
-    args: &[I8, T, T, NAME, B, TS, TS],
+static DELETE_INTO_HISTORY: Statement = Statement {
+    sql: "WITH gone AS (DELETE FROM fenced_lock_internal.lease_records WHERE ctid OPERATOR(pg_catalog.=) $1 \
+                        RETURNING token, name, holder, owner, session_bound, acquired_at) \
+          INSERT INTO fenced_lock_internal.lease_history \
+          (token, name, holder, owner, session_bound, acquired_at, expires_at, ended_at, ended_by, ended_by_role) \
+          SELECT token, name, holder, pg_catalog.pg_get_userbyid(owner::pg_catalog.oid), session_bound, acquired_at, \
+                 $2, $3, $4, $5 FROM gone",
+    args: &[TID, TS, TS, T, NAME],
 };
 
-static HISTORY_END: Statement = Statement {
-    sql: "UPDATE fenced_lock_internal.lease_history \
-          SET ended_at = $2, ended_by = $3, ended_by_role = $4, expires_at = $5 \
-          WHERE ctid OPERATOR(pg_catalog.=) $1",
-    args: &[TID, TS, T, NAME, TS],
+static HISTORY_INSERT: Statement = Statement {
+    sql: "INSERT INTO fenced_lock_internal.lease_history \
+          (token, name, holder, owner, session_bound, acquired_at, expires_at, ended_at, ended_by, ended_by_role) \
+          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+    args: &[I8, T, T, NAME, B, TS, TS, TS, T, NAME],
 };
 
 static HISTORY_PRUNE: Statement = Statement {

@@ -169,7 +169,8 @@ fn lock_until(
 
 /// Take the lock; `Err(())` if `lock_timeout` fired. The wait runs in a
 /// subtransaction, as a PL/pgSQL exception block would, so that a timeout is
-/// rolled back properly before we raise an error of our own.
+/// rolled back properly before we raise an error of our own, and any other
+/// error leaves no subtransaction behind.
 ///
 /// Once granted, the lock belongs to the subtransaction's parent resource
 /// owner, not to the caller's (a portal's, in a plain SELECT), under which
@@ -206,6 +207,15 @@ fn lock_in_subtransaction(lock: &LockTag, mode: Mode) -> Result<(), ()> {
             pg_sys::RollbackAndReleaseCurrentSubTransaction();
             restore();
             Err(())
+        })
+        // Anything else (cancel, statement_timeout, a deadlock) ends the
+        // wait too: roll the subtransaction back, then let the error abort
+        // the caller's transaction as it would have without us.
+        .catch_others(move |error| {
+            restore();
+            pg_sys::RollbackAndReleaseCurrentSubTransaction();
+            restore();
+            error.rethrow()
         })
         .execute()
     }

@@ -1,10 +1,19 @@
 """A client workload whose every operation is recorded only once its commit
 has returned, and a checker that compares it with what a server shows after a
-crash or a failover (SPEC §7: no acknowledged lease change or write is lost).
+crash or a failover (docs/design.md, "Durability" and "Invariants" 6 and 7: no
+acknowledged grant, renewal or guarded write is lost; an acknowledged release
+may be lost, and then only brings back its own lease).
 
 Each worker owns a few lock names, so its own record says exactly what each
 name's lease must be; an operation cut off by the crash is "pending" and is
 resolved from the server's state.
+
+The rule for a release (acknowledged before its flush): after the crash the
+name is free, or holds exactly the released lease again — same token, holder,
+owner and expires_at (so it lives no longer than it would have). It can never
+come back once a later grant of any name was acknowledged after it (that
+grant's flush covers it), nor with a new token, nor over another holder's
+lease: the record of the name is then that lease, and must match it.
 """
 
 import random
@@ -49,13 +58,13 @@ class Model:
         for w in range(len(commit_modes)):
             for k in range(names_per_worker):
                 self.names[f"{prefix}:{w}:{k}"] = dict(token=None, expires_at=None, holder=f"worker-{w}",
-                                                        pending=None)
+                                                        pending=None, released=None)
         self.acked_tokens = []
         self.must_writes = {}  # (writer, seq) -> (res, token)
         self.maybe_writes = {}  # async-commit writes: not promised, only counted
         self.async_writes_lost = 0
         self.counts = {"grant": 0, "async_grant": 0, "renew": 0, "release": 0, "write": 0,
-                       "async_grant_write": 0}
+                       "async_grant_write": 0, "release_came_back": 0}
         self.failures = []
         self.seqs = {}
 
@@ -97,7 +106,7 @@ def worker(port, dbname, w, model, stop):
                         conn.execute("INSERT INTO ledger (res, writer, seq, fence_token) VALUES (%s, %s, %s, %s)",
                                      (res, holder, seq, t))
                 with model.lock:
-                    st.update(token=t, expires_at=exp, pending=None)
+                    st.update(token=t, expires_at=exp, pending=None, released=None)
                     model.acked_tokens.append(t)
                     model.counts["async_grant" if is_async else "grant"] += 1
                     if with_write:
@@ -134,7 +143,10 @@ def worker(port, dbname, w, model, stop):
                 if ok is not True:
                     raise AssertionError(f"release of live {name}/{t} returned {ok}")
                 with model.lock:
-                    st.update(token=None, expires_at=None, pending=None)
+                    # (a later grant of any name, acknowledged, makes it
+                    # durable; the model keeps it until this name's next grant)
+                    st.update(token=None, expires_at=None, pending=None,
+                              released=(t, holder, "postgres", st["expires_at"]))
                     model.counts["release"] += 1
     except (psycopg.OperationalError, psycopg.errors.AdminShutdown, psycopg.errors.CrashShutdown):
         pass  # the server died under us: whatever was in flight is unknown
@@ -149,25 +161,32 @@ def worker(port, dbname, w, model, stop):
 
 def reconcile(model, server):
     """Check every name against the acknowledged state, then adopt the server's
-    state for operations whose outcome the client could not know."""
+    state for operations whose outcome the client could not know, and for
+    acknowledged releases that the crash undid (allowed, see the module doc)."""
     problems = []
     for name, st in model.names.items():
         row = server.get(name)
         pending = st["pending"]
         expected = None if st["token"] is None else (st["token"], st["holder"], "postgres", st["expires_at"])
+        released = st["released"]  # the lease of the last acknowledged release, if the name is free since
+        came_back = expected is None and released is not None and row == released
         if pending is None or pending == ("write",):
-            if row != expected:
-                problems.append(f"{name}: acknowledged {expected}, after crash {row}")
+            if row != expected and not came_back:
+                problems.append(f"{name}: acknowledged {expected} (released: {released}), after crash {row}")
         elif pending == ("grant",):
             # unknown grant (the name was free): it never happened, or it is a new lease of ours
-            if row is not None and (row[1] != st["holder"] or row[0] in model.acked_tokens):
-                problems.append(f"{name}: unacknowledged grant left {row}")
+            if row is not None and not came_back and (row[1] != st["holder"] or row[0] in model.acked_tokens):
+                problems.append(f"{name}: unacknowledged grant left {row} (released: {released})")
         elif pending == ("renew",):
             if row is None or row[0] != st["token"] or row[3] < st["expires_at"]:
                 problems.append(f"{name}: lease {expected} after an unknown renew is {row}")
         elif pending == ("release",):
             if row is not None and row != expected:
                 problems.append(f"{name}: lease {expected} after an unknown release is {row}")
+        if came_back:
+            model.counts["release_came_back"] += 1
         st["pending"] = None
         st["token"], st["expires_at"] = (row[0], row[3]) if row else (None, None)
+        if row is not None:
+            st["released"] = None
     return problems

@@ -1,4 +1,4 @@
-"""Fixtures for the fault, failover and pooler tests (SPEC §4, §7).
+"""Fixtures for the fault, failover and pooler tests (docs/design.md, "The guard", "Durability").
 
 Every server here listens on 127.0.0.1, on ports 5520-5559, with its files
 under /tmp/fenced_lock_tests/f_*. Every test is bounded: an alarm fails a test

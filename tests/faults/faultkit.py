@@ -16,6 +16,7 @@ RESTORE_PORT = 5526
 CLOCK_PORT = 5527
 UPGRADE_OLD_PORT, UPGRADE_NEW_PORT = 5528, 5529
 PGBOUNCER_PORT = 5530
+RELEASE_PORT = 5531  # test_release_durability: a quiet server crashed after releases
 
 # Tokens on timeline N are >= (N - 1) << EPOCH_SHIFT (src/token.rs).
 EPOCH_SHIFT = 47

@@ -1,6 +1,8 @@
 """Server-side history of lease changes and guarded writes, and the checkers
-that read it (SPEC §2: at most one live lease per name, tokens only grow; §4:
-a write accepted under lease T commits before the next grant of the name).
+that read it (docs/design.md, "Invariants" 1-4: at most one live lease per
+name, tokens only grow; a write accepted under lease T commits before the next
+grant of the name; "Session-bound leases": a session-bound lease may be taken
+over before its expires_at only once its session has ended).
 
 The history is written by AFTER ROW triggers that the test installs as
 superuser: one on fenced_lock_internal.lease_records, one on each guarded table.
@@ -24,22 +26,26 @@ CREATE TABLE fl_history.lease_events (
     new_expires timestamptz,
     new_ttl     interval,
     acquired_at timestamptz,
-    owner       text
+    owner       text,
+    old_session_bound boolean,
+    new_session_bound boolean
 );
 CREATE FUNCTION fl_history.record_lease() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
-        INSERT INTO fl_history.lease_events (op, name, new_token, new_expires, new_ttl, acquired_at, owner)
-        VALUES (TG_OP, NEW.name, NEW.token, NEW.expires_at, NEW.ttl, NEW.acquired_at, NEW.owner::text);
+        INSERT INTO fl_history.lease_events (op, name, new_token, new_expires, new_ttl, acquired_at, owner,
+                                             new_session_bound)
+        VALUES (TG_OP, NEW.name, NEW.token, NEW.expires_at, NEW.ttl, NEW.acquired_at, NEW.owner::text,
+                NEW.session_bound);
     ELSIF TG_OP = 'UPDATE' THEN
         INSERT INTO fl_history.lease_events (op, name, old_token, new_token, old_expires, new_expires, new_ttl,
-                                             acquired_at, owner)
+                                             acquired_at, owner, old_session_bound, new_session_bound)
         VALUES (TG_OP, NEW.name, OLD.token, NEW.token, OLD.expires_at, NEW.expires_at, NEW.ttl,
-                NEW.acquired_at, NEW.owner::text);
+                NEW.acquired_at, NEW.owner::text, OLD.session_bound, NEW.session_bound);
     ELSE
-        INSERT INTO fl_history.lease_events (op, name, old_token, old_expires, owner)
-        VALUES (TG_OP, OLD.name, OLD.token, OLD.expires_at, OLD.owner::text);
+        INSERT INTO fl_history.lease_events (op, name, old_token, old_expires, owner, old_session_bound)
+        VALUES (TG_OP, OLD.name, OLD.token, OLD.expires_at, OLD.owner::text, OLD.session_bound);
     END IF;
     RETURN NULL;
 END $$;
@@ -85,13 +91,17 @@ def install_write_history(conn, tbl, name_sql, version_sql="NULL", counter_sql="
 
 
 def lease_events(conn):
-    """Committed lease changes with their commit timestamps, in id order."""
+    """Committed lease changes with their commit timestamps, in id order, and
+    how fenced_lock's own history says the replaced/removed lease ended."""
     cols = ["id", "op", "name", "old_token", "new_token", "old_expires", "new_expires", "new_ttl",
-            "acquired_at", "commit_ts"]
+            "acquired_at", "commit_ts", "old_session_bound", "new_session_bound", "old_ended_by"]
     rows = conn.execute(
-        "SELECT id, op, name, old_token, new_token, old_expires, new_expires, new_ttl, acquired_at, "
-        "       pg_xact_commit_timestamp(xid::text::xid) "
-        "FROM fl_history.lease_events ORDER BY id").fetchall()
+        "SELECT e.id, e.op, e.name, e.old_token, e.new_token, e.old_expires, e.new_expires, e.new_ttl, "
+        "       e.acquired_at, pg_xact_commit_timestamp(e.xid::text::xid), e.old_session_bound, "
+        "       e.new_session_bound, h.ended_by "
+        "FROM fl_history.lease_events e "
+        "LEFT JOIN fenced_lock_internal.lease_history h ON h.token = e.old_token AND e.old_token <> e.new_token "
+        "ORDER BY e.id").fetchall()
     return [dict(zip(cols, r)) for r in rows]
 
 
@@ -132,10 +142,13 @@ def check_leases(events):
                 continue
             decided_at = e["new_expires"] - e["new_ttl"]  # the server's clock when it decided
             if e["op"] == "UPDATE" and e["new_token"] != e["old_token"]:
-                # A takeover: the previous lease must have expired by then.
-                if not e["old_expires"] <= decided_at:
+                # A takeover: the previous lease must have expired by then, or
+                # (session-bound) its session must have ended.
+                session_ended = e["old_session_bound"] and e["old_ended_by"] == "session_end"
+                if not e["old_expires"] <= decided_at and not session_ended:
                     problems.append(f"{name}: token {e['new_token']} granted at {decided_at} while "
-                                    f"{e['old_token']} was live until {e['old_expires']}")
+                                    f"{e['old_token']} was live until {e['old_expires']} "
+                                    f"(session-bound: {e['old_session_bound']}, ended by {e['old_ended_by']})")
                 if e["acquired_at"] != decided_at:
                     problems.append(f"{name}: grant {e['new_token']} acquired_at != its decision time")
             elif e["op"] == "UPDATE":

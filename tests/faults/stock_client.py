@@ -1,4 +1,4 @@
-"""A real client process for the paused-client test (SPEC §1's worked example).
+"""A real client process for the paused-client test (docs/design.md, "Why": the worked example).
 
     stock_client.py PORT DBNAME LOCK ITEM GO_FILE RETRY_FILE
 

@@ -1,9 +1,10 @@
-"""Guarantee (SPEC §2 "time", §4): expiry is decided on the database server's
-clock alone. When that clock steps forward (an NTP step, a VM resumed), live
+"""Guarantee (docs/design.md, "Words" (time), "The guard", "Invariants" 4):
+expiry is decided on the database server's clock alone. When that clock steps forward (an NTP step, a VM resumed), live
 leases expire early — the lease is no longer valid, another client can take
 the lock over, and the old holder's write is rejected with FL001. A step can
 shorten a lease, but it never lets a stale write through; and a guarded
-write accepted before the step still commits before the takeover is granted.
+write accepted before the step still commits before the takeover is granted
+(a try returns NULL at once meanwhile; fenced_lock_acquire waits for it).
 
 The server runs under libfaketime (LD_PRELOAD, passed through sudo with
 `env`), with its offset read from a file that the test rewrites; the monotonic
@@ -15,6 +16,7 @@ import datetime
 import os
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -93,10 +95,15 @@ def test_clock_step_forward_expires_leases_early_but_never_admits_stale_write(cl
         write_stock(a, token_c, 5)  # accepted; the transaction stays open
         step_to(90)
         wait_until(lambda: server_offset(b) > 80, 10, what="the server's clock to step again")
+        # A try never waits for another transaction (docs/design.md, "Lock
+        # protocol" L3): with A's guarded write in flight it returns NULL at once.
+        t0 = time.monotonic()
+        assert b.execute("SELECT fenced_lock_try_acquire(%s, '30 seconds')", (LOCK,)).fetchone()[0] is None
+        assert time.monotonic() - t0 < 1.0
         got = {}
         b_pid = b.execute("SELECT pg_backend_pid()").fetchone()[0]
         taker = threading.Thread(target=lambda: got.update(token=b.execute(
-            "SELECT fenced_lock_try_acquire(%s, '30 seconds')", (LOCK,)).fetchone()[0]), daemon=True)
+            "SELECT fenced_lock_acquire(%s, '30 seconds', '20 seconds')", (LOCK,)).fetchone()[0]), daemon=True)
         taker.start()
         with connect(c, dbname) as watcher:
             wait_until(lambda: watcher.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",

@@ -1,12 +1,11 @@
-"""Guarantee (SPEC §7): leases survive pg_dump / restore. A database with
-live leases (and an expired one), a released lease and guarded tables is
-dumped and restored into a new database of the same cluster (custom format,
-pg_restore) and into a freshly initialised cluster (plain format, psql).
-There: the lease records are the same (name, token, holder, owner,
-expires_at); the guard works (the live token is accepted, a stale one is
-rejected with FL001); the owner can still renew; and the next token exceeds
-every token the source database ever handed out.
-"""
+"""Guarantee (docs/design.md, "Versions and upgrades", "Tokens"): leases survive
+pg_dump / restore. A database with live leases (and an expired one), a
+released lease and guarded tables is dumped and restored into a new database
+of the same cluster (custom format, pg_restore) and into a freshly initialised
+cluster (plain format, psql). There: the lease records are the same (name,
+token, holder, owner, expires_at); the guard works (the live token is
+accepted, a stale one is rejected with FL001); the owner can still renew; and
+the next token exceeds every token the source database ever handed out."""
 
 import subprocess
 import time

@@ -1,11 +1,15 @@
-"""Guarantee (SPEC §7, §2): after a streaming standby is promoted, tokens
-keep growing past everything the old primary could have handed out — even
-under asynchronous replication, where the old primary's last grants are lost
-— so a token is never handed out twice, and the holders of lost grants cannot
-write on the new primary (FL001). With a synchronous standby no acknowledged
-grant is lost at all, whatever synchronous_commit the granting session set:
-while the synchronous standby receives nothing, a grant from a session with
-synchronous_commit = local or off is not acknowledged (it waits in SyncRep).
+"""Guarantee (docs/design.md, "Tokens", "Durability"; "Invariants" 2, 6, 7):
+after a streaming standby is promoted, tokens keep growing past everything the
+old primary could have handed out — even under asynchronous replication, where
+the old primary's last grants are lost — so a token is never handed out twice,
+and the holders of lost grants cannot write on the new primary (FL001). With a
+synchronous standby no acknowledged grant or renewal is lost at all, whatever
+synchronous_commit the session set: while the synchronous standby receives
+nothing, a grant or renewal from a session with synchronous_commit = local or
+off is not acknowledged (it waits in SyncRep). A lone release is acknowledged
+without waiting for the standby; after the failover it may come back, but
+only as the very lease it released (acked_workload.reconcile). A release in a
+transaction with a user write waits for the standby like the write.
 
 Token format: on timeline N every token is >= (N - 1) << 47 (src/token.rs),
 so the first promotion (timeline 2) moves tokens to >= 1 << 47.
@@ -147,52 +151,93 @@ def test_async_failover_never_reissues_a_token_and_fences_lost_grants(clusters):
         assert all(t >> EPOCH_SHIFT == timeline - 1 for t in [first, taken] + more)
 
 
+def _in_thread(conn, query, params, result):
+    def run():
+        try:
+            result["value"] = conn.execute(query, params).fetchone()[0]
+        except Exception as e:  # noqa: BLE001 - checked by the test
+            result["error"] = e
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def _wait_event(watcher, pid):
+    return watcher.execute("SELECT wait_event FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()[0]
+
+
 @pytest.mark.budget(150)
-def test_sync_failover_loses_no_acknowledged_grant(clusters):
+def test_sync_failover_loses_no_acknowledged_grant_or_renewal(clusters):
     dbname = "failover"
     primary, standby = make_pair(clusters, "fo_sync", SYNC_PRIMARY_PORT, SYNC_STANDBY_PORT, dbname)
     with connect(primary, dbname) as p:
         p.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
         p.execute("SELECT pg_reload_conf()")
         wait_until(lambda: streaming(p, "sync"), 30, what="the standby to become synchronous")
+        p.execute("CREATE TABLE plain (mode text)")
+        # leases to renew and release while the standby is stalled
+        probes = {n: p.execute("SELECT fenced_lock_try_acquire(%s, '10 minutes')", (n,)).fetchone()[0]
+                  for n in ("renew:local", "renew:off", "release:lone", "release:beside")}
 
-    # While the standby receives nothing, a grant is not acknowledged, even from
-    # sessions with synchronous_commit = local or off: its commit waits for the
-    # standby. A plain write in such a session is acknowledged at once.
+    # While the standby receives nothing, a grant or renewal is not
+    # acknowledged, even from sessions with synchronous_commit = local or off:
+    # its commit waits for the standby. A plain write in such a session is
+    # acknowledged at once, and so is a lone release in any session.
     with connect(standby, dbname) as s:
         walreceiver = s.execute("SELECT pid FROM pg_stat_wal_receiver").fetchone()[0]
     os.kill(walreceiver, signal.SIGSTOP)
+    pending = []  # (what, conn, pid, result, thread)
     try:
-        waiting = {}
         with connect(primary, dbname) as watcher:
             for mode in ("local", "off"):
-                conn = connect(primary, dbname)
-                conn.execute(f"SET synchronous_commit = {mode}")
-                conn.execute("CREATE TABLE IF NOT EXISTS plain (mode text)")
-                conn.execute("INSERT INTO plain VALUES (%s)", (mode,))  # acknowledged without the standby
-                pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
-                result = {}
-                thread = threading.Thread(target=lambda c=conn, r=result, m=mode: r.update(token=c.execute(
-                    "SELECT fenced_lock_try_acquire(%s, '1 minute')", (f"probe:{m}",)).fetchone()[0]), daemon=True)
-                thread.start()
-                waiting[mode] = (conn, pid, result, thread)
-            for mode, (conn, pid, result, thread) in waiting.items():
-                wait_until(lambda: watcher.execute("SELECT wait_event FROM pg_stat_activity WHERE pid = %s",
-                                                   (pid,)).fetchone()[0] == "SyncRep", 10,
-                           what=f"the grant of a synchronous_commit = {mode} session to wait for the standby")
-                assert "token" not in result, f"a grant with synchronous_commit = {mode} was acknowledged " \
-                                              "before the synchronous standby had it"
+                for what, query, params in (
+                        ("grant", "SELECT fenced_lock_try_acquire(%s, '1 minute')", (f"probe:{mode}",)),
+                        ("renew", "SELECT fenced_lock_renew(%s, %s, '20 minutes')",
+                         (f"renew:{mode}", probes[f"renew:{mode}"]))):
+                    conn = connect(primary, dbname)
+                    conn.execute(f"SET synchronous_commit = {mode}")
+                    conn.execute("INSERT INTO plain VALUES (%s)", (mode,))  # acknowledged without the standby
+                    result = {}
+                    pending.append((f"{what} ({mode})", conn, conn.info.backend_pid, result,
+                                    _in_thread(conn, query, params, result)))
+            # a release with a user write, synchronous_commit = on: waits too
+            conn = connect(primary, dbname)
+            conn.autocommit = False
+            conn.execute("INSERT INTO plain VALUES ('beside')")
+            assert conn.execute("SELECT fenced_lock_release('release:beside', %s)",
+                                (probes["release:beside"],)).fetchone()[0] is True
+            result = {}
+            t = threading.Thread(target=lambda c=conn, r=result: (c.commit(), r.update(value=True)), daemon=True)
+            t.start()
+            pending.append(("release beside a write (on)", conn, conn.info.backend_pid, result, t))
+
+            for what, conn, pid, result, thread in pending:
+                wait_until(lambda: _wait_event(watcher, pid) == "SyncRep", 10,
+                           what=f"the {what} to wait for the standby")
+                assert not result, f"the {what} was acknowledged before the synchronous standby had it"
+
+            # a lone release from a synchronous_commit = on session: acknowledged at once
+            with connect(primary, dbname) as lone:
+                t0 = time.monotonic()
+                assert lone.execute("SELECT fenced_lock_release('release:lone', %s)",
+                                    (probes["release:lone"],)).fetchone()[0] is True
+                lone_ms = (time.monotonic() - t0) * 1000
+            print(f"lone release acknowledged in {lone_ms:.1f} ms while the synchronous standby was stalled")
+            assert lone_ms < 2000
+            for what, conn, pid, result, thread in pending:
+                assert not result, f"the {what} was acknowledged before the synchronous standby had it"
     finally:
         os.kill(walreceiver, signal.SIGCONT)
-    for mode, (conn, pid, result, thread) in waiting.items():
+    for what, conn, pid, result, thread in pending:
         thread.join(30)
-        assert not thread.is_alive() and result["token"] is not None
+        assert not thread.is_alive() and result.get("value") not in (None, False), (what, result)
         conn.close()
     with connect(primary, dbname) as p:
         wait_until(lambda: streaming(p, "sync"), 30, what="the standby to be synchronous again")
 
-    # Sessions with every synchronous_commit: grants are replicated before they
-    # are acknowledged in all of them; plain writes only under on (and above).
+    # Sessions with every synchronous_commit: grants and renewals are
+    # replicated before they are acknowledged in all of them; plain writes
+    # only under on (and above).
     model = Model("fo_sync", ["on", "on", "off", "local", "remote_write"])
     stop = threading.Event()
     threads = [threading.Thread(target=worker, args=(primary.port, dbname, w, model, stop), daemon=True)
@@ -206,7 +251,8 @@ def test_sync_failover_loses_no_acknowledged_grant(clusters):
         t.join(30)
         assert not t.is_alive(), "a client thread hung after the crash"
     assert not model.failures, model.failures
-    assert model.counts["grant"] > 0 and model.counts["async_grant"] > 0 and model.counts["release"] > 0
+    for kind in ("grant", "async_grant", "renew", "release"):
+        assert model.counts[kind] > 0, f"the workload never acknowledged a {kind}: {model.counts}"
 
     standby.promote()
     with connect(standby, dbname) as n:
@@ -221,4 +267,5 @@ def test_sync_failover_loses_no_acknowledged_grant(clusters):
         first = n.execute("SELECT fenced_lock_try_acquire('after-failover', '1 minute')").fetchone()[0]
         assert first > max(model.acked_tokens)
         assert first >= (timeline - 1) << EPOCH_SHIFT
-    print(f"sync failover workload: {model.counts}")
+    print(f"sync failover workload: {model.counts} (release_came_back: acknowledged releases the failover "
+          "undid, allowed)")

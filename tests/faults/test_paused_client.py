@@ -1,10 +1,10 @@
-"""Guarantee (SPEC §1, §4): a client process that is paused past its lease's
-ttl (here: SIGSTOP, as a GC pause or a frozen VM would) and then resumes
-cannot write. Another client took the lock over with a larger token and wrote;
-the resumed client's write is rejected by the database with FL001, the stock
-reflects only the second writer, and after retrying properly the stock ends
-at 8 (the SPEC's worked example: 10, B sells one, A's retry sells one).
-"""
+"""Guarantee (docs/design.md, "Why" and "The guard"): a client process that is
+paused past its lease's ttl (here: SIGSTOP, as a GC pause or a frozen VM
+would) and then resumes cannot write. Another client took the lock over with a
+larger token and wrote; the resumed client's write is rejected by the database
+with FL001, the stock reflects only the second writer, and after retrying
+properly the stock ends at 8 (the worked example of docs/design.md, "Why": 10,
+B sells one, A's retry sells one)."""
 
 import signal
 import subprocess

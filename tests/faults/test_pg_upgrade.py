@@ -1,11 +1,10 @@
-"""Guarantee (SPEC §7): leases survive pg_upgrade. A cluster with live leases,
-an expired one, burnt tokens and a guarded table is upgraded with pg_upgrade
-into a freshly initialised cluster (15 to 15: the only PostgreSQL here, and
-the same code path as a major upgrade for user data and sequences). There the
-lease records are the same, the live token is accepted by the guard and a
-stale one is rejected with FL001, and the next token exceeds every token the
-old cluster handed out.
-"""
+"""Guarantee (docs/design.md, "Versions and upgrades", "Tokens"): leases survive
+pg_upgrade. A cluster with live leases, an expired one, burnt tokens and a
+guarded table is upgraded with pg_upgrade into a freshly initialised cluster
+(15 to 15: the only PostgreSQL here, and the same code path as a major upgrade
+for user data and sequences). There the lease records are the same, the live
+token is accepted by the guard and a stale one is rejected with FL001, and the
+next token exceeds every token the old cluster handed out."""
 
 import subprocess
 

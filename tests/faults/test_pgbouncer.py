@@ -1,5 +1,6 @@
-"""Guarantee (SPEC §7, last sentence): nothing depends on session state, so
-fenced_lock works behind PgBouncer in transaction pooling mode.
+"""Guarantee (docs/operations.md, "Connection pooling"): nothing depends on
+session state, so fenced_lock works behind PgBouncer in transaction pooling
+mode.
 
 16 client threads share 4 server connections through PgBouncer
 (pool_mode = transaction, default_pool_size = 4) and repeat on 6 names:

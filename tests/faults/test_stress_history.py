@@ -1,10 +1,15 @@
-"""Guarantee (SPEC §2, §4, §6): under a long, messy mix of every operation —
-try_acquire, acquire with and without a wait bound, renew, release, validate,
-assert, guarded INSERT / UPDATE / DELETE at every isolation level, an
-operator's force_release (a non-superuser named by fenced_lock.operator_role),
-random pauses past the ttl, and pg_cancel_backend of waiting acquirers — the
-committed history never shows:
-  - two live leases of one name at the same moment (on the server's clock);
+"""Guarantee (docs/design.md, "Invariants" 1-4, "Waiting", "Session-bound
+leases"): under a long, messy mix of every operation — try_acquire, acquire
+with and without a wait bound, renew, release, validate, assert, guarded
+INSERT / UPDATE / DELETE at every isolation level, an operator's force_release
+(a non-superuser named by fenced_lock.operator_role), random pauses past the
+ttl, pg_cancel_backend of waiting acquirers, and client processes that take
+session-bound leases and are killed with SIGKILL at random moments (holding a
+lease, waiting for one, or in the middle of a guarded write) — the committed
+history never shows:
+  - two live leases of one name at the same moment (on the server's clock; a
+    session-bound lease is over once its session ended, which fenced_lock's
+    own history must then record as `session_end`);
   - a token granted twice, or a name's tokens going down in commit order;
   - an expired lease being renewed;
   - an accepted write whose token was not the name's lease at commit time
@@ -16,6 +21,7 @@ and read with commit timestamps (track_commit_timestamp = on).
 """
 
 import random
+import signal
 import threading
 import time
 from collections import Counter
@@ -25,6 +31,7 @@ import pytest
 
 import lease_history
 from faultkit import connect
+from harness.clientproc import ClientProcess
 
 APP = "fl_stress_app"
 OPERATOR = "fl_stress_operator"  # fenced_lock.operator_role of the test database
@@ -53,7 +60,55 @@ GRANT USAGE ON SEQUENCE events_id_seq TO {APP};
 GRANT EXECUTE ON FUNCTION fenced_lock_force_release(text) TO {OPERATOR};
 """
 
-EXPECTED = {"FL001", "40001", "55P03", "57014", "25P02"}
+# 25P02 is not expected: every client runs in autocommit mode, and a statement
+# that fails rolls its own transaction back (a cancelled wait included).
+EXPECTED = {"FL001", "40001", "55P03", "57014"}
+
+KILLABLE = 3  # client processes alive at any time, each killed with SIGKILL after a while
+
+# A client process: session-bound leases, guarded increments, renew, release.
+# It reports grants, and stops at the first unexpected error (reported).
+KILLABLE_BODY = """
+import random
+rnd = random.Random(ARGS["seed"])
+conn.execute("SET statement_timeout = 3000")
+expected = set(ARGS["expected"])
+# One ttl per process: an acquire of a name this session still holds extends
+# it, and the history checker tells the decision time by expires_at - ttl.
+ttl = rnd.choice([0.8, 2.0, 5.0])
+while True:
+    res = rnd.choice(ARGS["resources"])
+    name = "stress:" + res
+    try:
+        token = conn.execute(
+            "SELECT fenced_lock_acquire(%s, make_interval(secs => %s), %s::interval, NULL, true)",
+            (name, ttl, rnd.choice(["200 milliseconds", "1 second"]))).fetchone()[0]
+        say("granted", token=token)
+        for _ in range(rnd.randint(1, 6)):
+            with conn.transaction():
+                value = conn.execute("SELECT counter FROM stock WHERE res = %s", (res,)).fetchone()[0]
+                time.sleep(rnd.uniform(0, 0.05))
+                conn.execute("UPDATE stock SET counter = %s, version = version + 1, fence_token = %s "
+                             "WHERE res = %s", (value + 1, token, res))
+            say("wrote")
+            if rnd.random() < 0.3:
+                # same session: same token, extended
+                again = conn.execute("SELECT fenced_lock_acquire(%s, make_interval(secs => %s), '1 second', "
+                                     "NULL, true)", (name, ttl)).fetchone()[0]
+                if again != token:
+                    say("unexpected", sqlstate=None, message=f"re-acquire returned {again}, not {token}")
+        if rnd.random() < 0.5:
+            conn.execute("SELECT fenced_lock_release(%s, %s)", (name, token))
+            say("released")
+        else:
+            time.sleep(rnd.uniform(0, 0.3))  # keep it; it ends by expiry, release or our death
+    except psycopg.Error as e:
+        if e.sqlstate not in expected:
+            say("unexpected", sqlstate=e.sqlstate, message=str(e))
+            break
+        say("sqlstate", sqlstate=e.sqlstate)
+time.sleep(600)
+"""
 
 
 class Client:
@@ -186,6 +241,44 @@ def canceller(port, dbname, stats, deadline):
                     stats["cancel_sent"] += 1
 
 
+def killer(port, dbname, stats, deadline):
+    """Keep KILLABLE client processes running; every 0.3-1.2 s SIGKILL one of
+    them and start another. Then kill the rest."""
+    rnd = random.Random(13)
+    dsn = f"host=127.0.0.1 port={port} dbname={dbname} user={APP} connect_timeout=10"
+    args = dict(resources=RESOURCES, expected=sorted(EXPECTED))
+    procs = []
+
+    def spawn():
+        procs.append(ClientProcess(dsn, KILLABLE_BODY, seed=rnd.randrange(1 << 30), **args))
+
+    def drain(p):
+        while (m := p.message()) is not None:
+            stats["killable:" + m["event"]] += 1
+            if m["event"] == "unexpected":
+                stats[f"failure: killable client {m.get('sqlstate')} {m.get('message')}"] += 1
+            elif m["event"] in ("granted", "released"):
+                p.holding = m["event"] == "granted"
+
+    try:
+        for _ in range(KILLABLE):
+            spawn()
+        while time.monotonic() < deadline:
+            time.sleep(rnd.uniform(0.3, 1.2))
+            victim = procs.pop(rnd.randrange(len(procs)))
+            drain(victim)
+            stats["killed"] += 1
+            stats["killed_holding"] += getattr(victim, "holding", False)
+            victim.kill(signal.SIGKILL)
+            drain(victim)
+            victim.close()
+            spawn()
+    finally:
+        for p in procs:
+            drain(p)
+            p.close()
+
+
 def guarded(stats, target, *args):
     try:
         target(*args)
@@ -214,6 +307,8 @@ def test_stress_history_invariants(main_cluster, fresh_db):
                                                           deadline), daemon=True))
     threads.append(threading.Thread(target=guarded, args=(stats, canceller, main_cluster.port, fresh_db, stats,
                                                           deadline), daemon=True))
+    threads.append(threading.Thread(target=guarded, args=(stats, killer, main_cluster.port, fresh_db, stats,
+                                                          deadline), daemon=True))
     for t in threads:
         t.start()
     for t in threads:
@@ -229,6 +324,8 @@ def test_stress_history_invariants(main_cluster, fresh_db):
         assert stats["op:" + what] > 0, f"no {what} ran"
     assert stats["granted"] > 50 and stats["forced"] > 0
     assert stats["sqlstate:FL001"] > 0, "no stale write was ever attempted"
+    assert stats["killed"] >= 10 and stats["killed_holding"] >= 3 and stats["killable:wrote"] > 0, \
+        "too few client processes were killed while holding a session-bound lease"
 
     with connect(main_cluster, fresh_db) as db:
         lease_evs = lease_history.lease_events(db)
@@ -236,6 +333,12 @@ def test_stress_history_invariants(main_cluster, fresh_db):
         assert all(e["commit_ts"] is not None for e in lease_evs + write_evs)
         problems = lease_history.check_leases(lease_evs) + lease_history.check_writes(lease_evs, write_evs)
         assert not problems, problems[:20]
+        ends = dict(db.execute("SELECT ended_by, count(*) FROM fenced_lock_internal.lease_history "
+                               "GROUP BY ended_by").fetchall())
+        print("stress: leases by how they ended:", ends)
+        assert ends.get("session_end", 0) >= 3, "no session-bound lease ended with its killed client"
+        # a session-bound record is never left live without its session
+        assert db.execute("SELECT count(*) FROM fenced_lock_leases WHERE session_bound AND live").fetchone()[0] == 0
 
         # No lost update: the counter went up by one at every committed write, in order.
         for res, counter, version in db.execute("SELECT res, counter, version FROM stock ORDER BY res").fetchall():

@@ -95,14 +95,15 @@ class Cluster:
     def kill9(self, children_grace=10.0):
         """kill -9 the postmaster, as a crash would. Its children exit when they
         notice; any still alive after `children_grace` seconds are killed too, so
-        that the cluster can be started again."""
+        that the cluster can be started again (0: all of them at once, as when
+        the machine loses power: nothing is flushed after the signal)."""
         pid = self.postmaster_pid()
         children = [int(p) for p in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True,
                                                      text=True).stdout.split()]
         os.kill(pid, signal.SIGKILL)
         deadline = time.time() + children_grace
         alive = lambda: [c for c in children if _alive(c)]
-        while alive() and time.time() < deadline:
+        while children_grace > 0 and alive() and time.time() < deadline:
             time.sleep(0.05)
         for c in alive():
             try:
@@ -111,13 +112,15 @@ class Cluster:
                 pass
         while alive() or _alive(pid):
             time.sleep(0.05)
-        # A dead postmaster that nobody has reaped yet still answers kill(pid, 0),
-        # which makes the next start refuse; on a real machine init reaps it.
-        deadline = time.time() + 5
+        # A dead postmaster that nobody has reaped yet (a zombie) still answers
+        # kill(pid, 0), which makes the next start refuse; on a real machine init
+        # reaps it at once. Here PID 1 may take seconds: the process is dead and
+        # so are all its children, so its lock files are stale: remove them.
+        deadline = time.time() + 0.2
         while os.path.exists(f"/proc/{pid}") and time.time() < deadline:
-            time.sleep(0.05)
+            time.sleep(0.02)
         if os.path.exists(f"/proc/{pid}"):
-            as_postgres(["rm", "-f", self.data / "postmaster.pid"])
+            as_postgres(["rm", "-f", self.data / "postmaster.pid", self.dir / f".s.PGSQL.{self.port}.lock"])
 
     def promote(self):
         as_postgres([BIN / "pg_ctl", "-D", self.data, "-w", "promote"], stdout=subprocess.DEVNULL)

@@ -9,6 +9,14 @@
   fenced_lock functions (and SELECT on the view); dropped at module end.
 - `history`: the database `db` with a test-only trigger logging every lease
   change into public.it_lease_history (see it_support.check_history).
+- `preload_cluster`: a second scratch cluster (port 5502) with
+  shared_preload_libraries = 'fenced_lock', started on first use and shared by
+  every module that needs the preloaded library (counters, waiting both ways)
+  or a server it may crash.
+- `children`: client processes (harness.clientproc) that a test can kill with
+  real signals; every one still alive is killed when the test ends.
+
+Every test runs under an alarm (`budget` marker, default TEST_BUDGET_S).
 
 Ports 5500-5509 and /tmp/fenced_lock_tests/it_* belong to this directory.
 FL_IT_PORT (one of 5503-5509) moves the session cluster to that port and to
@@ -16,14 +24,65 @@ FL_IT_PORT (one of 5503-5509) moves the session cluster to that port and to
 """
 
 import os
+import signal
 
 import pytest
 
+from harness.clientproc import Children
 from harness.cluster import Cluster
 
 import it_support
 
 MAIN_PORT = int(os.environ.get("FL_IT_PORT", "5500"))
+PRELOAD_PORT = 5502
+TEST_BUDGET_S = 120
+
+
+class BudgetExceeded(Exception):
+    pass
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "budget(seconds): wall-clock budget of one test")
+
+
+@pytest.fixture(autouse=True)
+def time_budget(request):
+    """Fail (with teardown) any test that runs past its budget."""
+    marker = request.node.get_closest_marker("budget")
+    seconds = int(marker.args[0]) if marker else TEST_BUDGET_S
+
+    def expired(signum, frame):
+        raise BudgetExceeded(f"{request.node.name} ran longer than {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.fixture
+def children():
+    cs = Children()
+    try:
+        yield cs
+    finally:
+        cs.close_all()
+
+
+@pytest.fixture(scope="session")
+def preload_cluster():
+    c = Cluster("it_preload", PRELOAD_PORT, {"shared_preload_libraries": "'fenced_lock'"})
+    c.init()
+    c.start()
+    try:
+        assert "fenced_lock" in c.sql("SHOW shared_preload_libraries")[0][0]
+        yield c
+    finally:
+        c.stop(check=False)
 
 
 @pytest.fixture(scope="session")

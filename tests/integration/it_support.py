@@ -13,9 +13,12 @@ from dataclasses import dataclass, field
 import psycopg
 from psycopg import sql
 
-# Advisory-lock key spaces of fenced_lock (src/keys.rs), as pg_locks.classid.
+# Advisory-lock key spaces of fenced_lock (src/locktags.rs), as pg_locks.classid.
 FENCE_SPACE = 0x464C0001  # 1179385857
 QUEUE_SPACE = 0x464C0002  # 1179385858
+# A session lock (docs/design.md, "Lock protocol") is (db, token >> 32,
+# token & 0xffffffff, 0x464D): pg_locks.classid, objid, objsubid.
+SESSION_KIND = 0x464D  # 17997
 
 # Every SQL-callable object an application role may be granted.
 API_FUNCTIONS = [
@@ -263,6 +266,21 @@ def is_queued(mon, pid):
     """`pid` is visibly waiting in fenced_lock_acquire: it holds (head waiter)
     or awaits (queued behind the head) the name's queue lock."""
     return bool(queue_locks(mon, pid))
+
+
+def session_locks(mon, pid=None):
+    """Tokens whose session lock (a session-bound lease's) is held, by `pid`."""
+    q = ("SELECT (classid::bigint << 32) + objid::bigint FROM pg_locks WHERE locktype = 'advisory' "
+         "AND objsubid = %s AND granted")
+    params = [SESSION_KIND]
+    if pid is not None:
+        q += " AND pid = %s"
+        params.append(pid)
+    return sorted(r[0] for r in mon.execute(q, params).fetchall())
+
+
+def elapsed_ms(since, until=None):
+    return ((until if until is not None else time.monotonic()) - since) * 1000
 
 
 def fenced_locks_of(mon, pid):

@@ -1,5 +1,6 @@
-"""SPEC §2 (issue "core"): at most one live lease per name at any moment, and
-every grant gets a token greater than every token granted before, never twice.
+"""docs/design.md, "Invariants" 1 and 2: at most one live lease per name at any
+moment, and every grant gets a token greater than every token granted before,
+never twice.
 
 Many connections hammer a handful of names with try_acquire / renew / release
 (some leases are left to expire). Every committed lease change is logged

@@ -1,6 +1,10 @@
-"""SPEC §7: a lease change is never less durable than synchronous_commit = on,
-whatever the session has set; a crash (kill -9 of the postmaster) loses no
-committed grant, renew or release.
+"""docs/design.md, "Durability": a grant or renewal is never less durable than
+synchronous_commit = on, whatever the session has set, and a crash (kill -9 of
+the postmaster) loses none that was acknowledged. A release (or force
+release) that is the transaction's only write is acknowledged before it is
+flushed; a crash may then bring the released lease back, but only with its own
+token and until its own expires_at ("Invariants" 7). A release in a
+transaction that also wrote user data keeps the session's synchronous_commit.
 
 A dedicated cluster (port 5501) makes "not flushed yet" observable: the WAL
 writer runs only every 10 s and flushes nothing early, and nothing else writes
@@ -67,8 +71,11 @@ def commit_flush_state(cluster, conn, body):
     `flushed` says the commit record was already on disk when COMMIT returned."""
     start = conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]
     with conn.transaction():
-        xid = conn.execute("SELECT pg_current_xact_id()::text").fetchone()[0]
         result = body(conn)
+        # read after the body, and without assigning one: an xid assigned
+        # before the first lease change counts as a write of the user's
+        xid = conn.execute("SELECT pg_current_xact_id_if_assigned()::text").fetchone()[0]
+        assert xid is not None, "the transaction wrote nothing"
     flushed_at = conn.execute("SELECT pg_current_wal_flush_lsn()").fetchone()[0]
     # Now flush everything (a synchronous commit elsewhere), so pg_walinspect can read it.
     with cluster.connect(DB) as other:
@@ -121,23 +128,86 @@ def test_grant_is_durable_with_synchronous_commit_off(quiet, how):
             assert flushed, f"grant {token} was not flushed when COMMIT returned"
 
 
-@pytest.mark.parametrize("op", ["renew", "release", "force_release"])
-def test_renew_and_release_are_durable_with_synchronous_commit_off(quiet, op):
+def _setup_lease(conn, name):
+    conn.execute("SET synchronous_commit = on")
+    token = conn.execute("SELECT fenced_lock_try_acquire(%s, '1 hour')", (name,)).fetchone()[0]
+    conn.execute("SET synchronous_commit = off")
+    return token
+
+
+def test_renew_is_durable_with_synchronous_commit_off(quiet):
     with async_session(quiet) as conn:
         for i in range(3):
-            name = f"durable:{op}:{i}"
-            conn.execute("SET synchronous_commit = on")
-            token = conn.execute("SELECT fenced_lock_try_acquire(%s, '1 hour')", (name,)).fetchone()[0]
-            conn.execute("SET synchronous_commit = off")
-            if op == "renew":
-                body = lambda c: c.execute("SELECT fenced_lock_renew(%s, %s, '2 hours')", (name, token)).fetchone()[0]
-            elif op == "release":
+            name = f"durable:renew:{i}"
+            token = _setup_lease(conn, name)
+            flushed, _, ok = commit_flush_state(
+                quiet, conn, lambda c: c.execute("SELECT fenced_lock_renew(%s, %s, '2 hours')", (name, token)).fetchone()[0])
+            assert ok is True
+            assert flushed, f"renew of lease {token} was not flushed when COMMIT returned"
+
+
+@pytest.mark.parametrize("op", ["release", "force_release"])
+@pytest.mark.parametrize("session_mode", ["on", "off"])
+def test_lone_release_is_acknowledged_before_the_flush(quiet, op, session_mode):
+    """A release that is its transaction's only write commits with
+    synchronous_commit = off whatever the session asked for: COMMIT returns
+    without waiting for the flush. A commit that is waited for is always
+    flushed when COMMIT returns, so "not every one was flushed" shows that
+    these were not waited for (one may be flushed by the WAL writer meanwhile)."""
+    seen = []
+    with async_session(quiet) as conn:
+        for i in range(5):
+            name = f"lone:{op}:{session_mode}:{i}"
+            token = _setup_lease(conn, name)
+            conn.execute(f"SET synchronous_commit = {session_mode}")
+            if op == "release":
                 body = lambda c: c.execute("SELECT fenced_lock_release(%s, %s)", (name, token)).fetchone()[0]
             else:
                 body = lambda c: c.execute("SELECT fenced_lock_force_release(%s)", (name,)).fetchone()[0]
             flushed, _, ok = commit_flush_state(quiet, conn, body)
             assert ok is True
-            assert flushed, f"{op} of lease {token} was not flushed when COMMIT returned"
+            seen.append(flushed)
+    print(f"lone {op} (session synchronous_commit = {session_mode}) flushed at COMMIT:", seen)
+    assert not all(seen), f"every lone {op} was flushed when COMMIT returned: they were waited for"
+
+
+@pytest.mark.parametrize("op", ["release", "force_release"])
+def test_release_beside_a_user_write_keeps_the_sessions_synchronous_commit(quiet, op):
+    """With a user write in the same transaction the release keeps the
+    session's durability: synchronous_commit = on flushes every such commit
+    before COMMIT returns (before or after the write); off does not."""
+    def body_for(name, token, write_first):
+        def body(c):
+            if write_first:
+                c.execute("INSERT INTO plain VALUES (3, %s)", (name,))
+            if op == "release":
+                ok = c.execute("SELECT fenced_lock_release(%s, %s)", (name, token)).fetchone()[0]
+            else:
+                ok = c.execute("SELECT fenced_lock_force_release(%s)", (name,)).fetchone()[0]
+            if not write_first:
+                c.execute("INSERT INTO plain VALUES (3, %s)", (name,))
+            return ok
+        return body
+
+    off_seen = []
+    with async_session(quiet) as conn:
+        for i in range(4):
+            write_first = i % 2 == 0
+            name = f"beside:{op}:on:{i}"
+            token = _setup_lease(conn, name)
+            conn.execute("SET synchronous_commit = on")
+            flushed, _, ok = commit_flush_state(quiet, conn, body_for(name, token, write_first))
+            assert ok is True
+            assert flushed, f"{op} beside a user write ({'after' if write_first else 'before'} it) " \
+                            "was not flushed with synchronous_commit = on"
+        for i in range(4):
+            name = f"beside:{op}:off:{i}"
+            token = _setup_lease(conn, name)
+            flushed, _, ok = commit_flush_state(quiet, conn, body_for(name, token, i % 2 == 0))
+            assert ok is True
+            off_seen.append(flushed)
+    print(f"{op} beside a user write, synchronous_commit = off, flushed at COMMIT:", off_seen)
+    assert not all(off_seen), "synchronous_commit = off was overridden for a release beside user writes"
 
 
 def _crash_after(cluster, setup, op, control_note):
@@ -189,17 +259,32 @@ def test_lease_changes_survive_kill9_right_after_commit_with_synchronous_commit_
     assert new_expiry > old_expiry
     assert quiet.sql(lease_rows, ("crash:renew",), dbname=DB)[0] == (token, new_expiry)
 
-    # release: the lease stays gone, the name is free
-    def setup_release(conn):
-        return conn.execute("SELECT fenced_lock_try_acquire('crash:release', '1 hour')").fetchone()[0]
+    # release, acknowledged before the flush: the crash may bring the lease
+    # back, but only as it was (same token, same expires_at) and only until
+    # its own expiry; then the name is granted with a larger token.
+    release_ttl_s = 5
 
-    def release(conn, token):
-        return conn.execute("SELECT fenced_lock_release('crash:release', %s)", (token,)).fetchone()[0]
-    token, released, survived = _crash_after(quiet, setup_release, release, "after release")
+    def setup_release(conn):
+        t = conn.execute("SELECT fenced_lock_try_acquire('crash:release', %s::interval)",
+                         (f"{release_ttl_s} s",)).fetchone()[0]
+        return t, conn.execute(lease_rows, ("crash:release",)).fetchone()[1]
+
+    def release(conn, before):
+        return conn.execute("SELECT fenced_lock_release('crash:release', %s)", (before[0],)).fetchone()[0]
+    (token, expiry), released, survived = _crash_after(quiet, setup_release, release, "after release")
     controls.append(survived)
     assert released is True
-    assert quiet.sql(lease_rows, ("crash:release",), dbname=DB) == []
-    again = quiet.sql("SELECT fenced_lock_try_acquire('crash:release', '1 hour')", dbname=DB)[0][0]
+    after_crash = quiet.sql(lease_rows, ("crash:release",), dbname=DB)
+    print("released lease after kill -9:", "came back" if after_crash else "stayed gone")
+    assert after_crash in ([], [(token, expiry)]), f"lease {token} came back changed: {after_crash}"
+    with quiet.connect(DB) as other:
+        if after_crash:
+            live = other.execute("SELECT clock_timestamp() < %s", (expiry,)).fetchone()[0]
+            if live:
+                assert other.execute("SELECT fenced_lock_try_acquire('crash:release', '1 hour')").fetchone()[0] is None
+            it_support.wait_until(lambda: other.execute("SELECT clock_timestamp() >= %s", (expiry,)).fetchone()[0],
+                                  release_ttl_s + 5, interval=0.05, what="the lease that came back to expire")
+        again = other.execute("SELECT fenced_lock_try_acquire('crash:release', '1 hour')").fetchone()[0]
     assert again > token
 
     # The crash really loses asynchronous commits that were not flushed: the

@@ -1,6 +1,7 @@
-"""SPEC §8 "No function is open to search_path tricks or SQL injection through a
-lock name, a holder or a template value", and SPEC §5 for every odd value:
-each call either works exactly or fails with the SQLSTATE the SPEC names.
+"""docs/design.md, "Security": "No function is open to search_path tricks or SQL
+injection through a lock name, a holder or a template value", and
+docs/reference.md, "SQLSTATEs" for every odd value: each call either works
+exactly or fails with the SQLSTATE the reference names.
 
 Run: /usr/bin/python3 -m pytest -q tests/integration/test_hostile_input.py
 """
@@ -636,7 +637,7 @@ def test_wrong_argument_types_are_refused_by_postgresql(sec, query, code):
         assert sqlstate(a, query) == code
 
 
-# == randomized: every answer is consistent, every error is one of SPEC §5 ======
+# == randomized: every answer is consistent, every error is a documented one =====
 
 def random_text(rng):
     alphabet = ["a", "b", "Z", "0", " ", "'", '"', "\\", "%", "{", "}", ";", "-", "\n", "\t", "\x01", "\x1f",
@@ -682,7 +683,7 @@ def test_random_calls_keep_a_consistent_state_and_raise_only_spec_sqlstates(sec,
         return n is None or n == "" or len(n.encode()) > 512
 
     def expect_error(code, name, token=(), ttl=(), holder=None, ttl_required=False):
-        """The SQLSTATE the SPEC dictates for these arguments, or None."""
+        """The SQLSTATE the reference dictates for these arguments, or None."""
         if name is None:
             return "22004"
         if bad_name(name):

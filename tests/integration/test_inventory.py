@@ -1,4 +1,5 @@
-"""SPEC §1 and §4 (issue "guard"): the seeds' inventory story with many clients.
+"""docs/design.md, "Why" and "The guard": the seeds' inventory story with many
+clients.
 
 Stock is 10. Eight workers, each with its own connection and an application
 role that has only EXECUTE on fenced_lock (plus its table privileges), each

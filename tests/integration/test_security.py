@@ -1,6 +1,7 @@
-"""SPEC §8 Security: privileges, superuser-only settings, what the view shows,
-and writing around the guard. Every attack runs as a real LOGIN role (trust
-auth on loopback) and checks both the SQLSTATE and the state left behind.
+"""docs/design.md, "Security": privileges, superuser-only settings, what the view
+shows, and writing around the guard. Every attack runs as a real LOGIN role
+(trust auth on loopback) and checks both the SQLSTATE and the state left
+behind.
 
 Run: /usr/bin/python3 -m pytest -q tests/integration/test_security.py
 """

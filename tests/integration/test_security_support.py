@@ -1,4 +1,4 @@
-"""Shared setup of the security and hostile-input tests (SPEC §8), no tests here.
+"""Shared setup of the security and hostile-input tests (docs/design.md, "Security"), no tests here.
 
 `sec` (module scope) is a `SecurityEnv`: a database with the extension on the
 shared `cluster` of tests/integration/conftest.py (its `db` fixture), or, when
@@ -37,7 +37,7 @@ API = [
 ]
 GUARD = "fenced_lock_guard()"
 
-# SPEC §5: every SQLSTATE the extension may raise.
+# docs/reference.md, "SQLSTATEs": every SQLSTATE the extension may raise.
 SPEC_SQLSTATES = {"FL001", "FL002", "55P03", "22004", "22023", "42501", "39P01", "42703", "42804"}
 
 LONG = "interval '10 minutes'"

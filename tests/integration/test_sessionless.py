@@ -1,8 +1,9 @@
-"""SPEC §7: nothing depends on session state, so fenced_lock works behind a
-transaction-pooling proxy (PgBouncer): a lease acquired on one connection is
-renewed, used, asserted and released on others (same role), even after the
-acquiring session is gone or was reset with DISCARD ALL.
-"""
+"""docs/operations.md, "Connection pooling" (and docs/design.md, "Session-bound
+leases", for the one exception): nothing depends on session state, so
+fenced_lock works behind a transaction-pooling proxy (PgBouncer): a lease
+acquired on one connection is renewed, used, asserted and released on others
+(same role), even after the acquiring session is gone or was reset with
+DISCARD ALL."""
 
 import itertools
 

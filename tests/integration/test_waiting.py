@@ -1,10 +1,10 @@
-"""SPEC §6 (issue "waiting"): fenced_lock_acquire waits asleep, FIFO, is woken
-at release or expiry, responds to cancel / statement_timeout / lock_timeout,
-works inside explicit transactions at every isolation level, and needs no
-shared_preload_libraries.
+"""docs/design.md, "Waiting": fenced_lock_acquire waits asleep, FIFO, is woken
+at release or expiry, responds to cancel / statement_timeout / lock_timeout
+(with or without a `wait` bound) leaving no trace, works inside explicit
+transactions at every isolation level, and needs no shared_preload_libraries.
 
 Every test runs twice: on the session cluster (library loaded on first use)
-and on a cluster with shared_preload_libraries = 'fenced_lock' (port 5502).
+and on the preload_cluster fixture (shared_preload_libraries = 'fenced_lock').
 
 "Visibly waiting" means: the backend holds (head waiter) or awaits (queued
 behind the head) the name's queue-space advisory lock in pg_locks
@@ -22,7 +22,6 @@ from harness.cluster import Cluster
 import it_support
 from it_support import start, wait_until
 
-PRELOAD_PORT = 5502
 DB = "it_waiting"
 
 
@@ -39,12 +38,7 @@ class Env:
 @pytest.fixture(scope="module", params=["no_preload", "preload"])
 def env(request, cluster):
     preload = request.param == "preload"
-    if preload:
-        c = Cluster("it_preload", PRELOAD_PORT, {"shared_preload_libraries": "'fenced_lock'"})
-        c.init()
-        c.start()
-    else:
-        c = cluster
+    c = request.getfixturevalue("preload_cluster") if preload else cluster
     try:
         c.create_database(DB)
         it_support.install_history(c, DB)
@@ -52,10 +46,7 @@ def env(request, cluster):
         assert ("fenced_lock" in shown) == preload
         yield Env(c, DB, preload)
     finally:
-        if preload:
-            c.stop(check=False)
-        else:
-            c.sql(f'DROP DATABASE IF EXISTS "{DB}" WITH (FORCE)')
+        c.sql(f'DROP DATABASE IF EXISTS "{DB}" WITH (FORCE)')
 
 
 @pytest.fixture
@@ -193,6 +184,53 @@ def test_cancel_ends_a_wait_at_once_and_leaves_no_trace(env, mon, position):
 
 
 @pytest.mark.parametrize("position", POSITIONS)
+def test_cancel_ends_a_bounded_wait_at_once_and_leaves_no_trace(env, mon, position):
+    """As above, with a `wait` bound: the queued waiter then waits for the
+    queue lock inside the timeout subtransaction (docs/design.md, "Waiting"),
+    which a cancel must roll back too: the session is left idle and usable,
+    not in a failed transaction it never began (25P02)."""
+    def cancel(pid):
+        assert mon.execute("SELECT pg_cancel_backend(%s)", (pid,)).fetchone()[0] is True
+    interrupted_wait(env, mon, f"cancel_bounded:{position}", position, prepare=lambda c: None, wait="30 s",
+                     interrupt=cancel, expected="57014", bound=AT_ONCE)
+
+
+@pytest.mark.parametrize("position", POSITIONS)
+def test_statement_timeout_ends_a_bounded_wait_at_once_and_leaves_no_trace(env, mon, position):
+    interrupted_wait(env, mon, f"statement_timeout_bounded:{position}", position,
+                     prepare=lambda c: c.execute("SET statement_timeout = '1s'"), wait="30 s",
+                     interrupt=lambda pid: None, expected="57014", bound=1 + AT_ONCE)
+
+
+def test_cancel_of_a_head_waiting_for_an_in_flight_transition_leaves_no_trace(env, mon):
+    """The head waiter of a bounded wait blocks on the name lock (inside the
+    timeout subtransaction) while the holder's renew is uncommitted. A cancel
+    then ends the wait (57014) and leaves the session idle and usable; the
+    holder's transaction is untouched."""
+    name = "cancel_bounded:head_on_name_lock"
+    with env.connect() as holder, env.connect() as victim:
+        token = grab(holder, name)
+        holder.execute("BEGIN")
+        assert holder.execute("SELECT fenced_lock_renew(%s, %s, '1 min')", (name, token)).fetchone()[0] is True
+        pid = victim.info.backend_pid
+        call = start_waiter(victim, mon, name, ttl="5 s", wait="30 s")
+        wait_until(lambda: mon.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
+                                       (pid,)).fetchone()[0] == "Lock", 10, what="the head to wait for the name lock")
+        t0 = time.monotonic()
+        assert mon.execute("SELECT pg_cancel_backend(%s)", (pid,)).fetchone()[0] is True
+        with pytest.raises(psycopg.Error) as err:
+            call.outcome(AT_ONCE + 2)
+        assert err.value.sqlstate == "57014", err.value
+        assert call.finished_at - t0 < AT_ONCE
+        assert mon.execute("SELECT state FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()[0] == "idle"
+        assert it_support.fenced_locks_of(mon, pid) == []
+        assert victim.execute("SELECT 1").fetchone()[0] == 1
+        holder.execute("COMMIT")
+        assert mon.execute("SELECT token FROM fenced_lock_internal.lease_records WHERE name = %s",
+                           (name,)).fetchall() == [(token,)]
+
+
+@pytest.mark.parametrize("position", POSITIONS)
 def test_statement_timeout_ends_a_wait_at_once_and_leaves_no_trace(env, mon, position):
     interrupted_wait(env, mon, f"statement_timeout:{position}", position,
                      prepare=lambda c: c.execute("SET statement_timeout = '1s'"), wait=None,
@@ -253,9 +291,12 @@ def test_waiter_is_granted_at_the_expiry_instant_of_the_holders_lease(env, mon):
 def test_waiting_inside_explicit_transaction_never_grants_a_second_live_lease(env, mon, isolation):
     """The waiter's transaction (and snapshot) starts before the holder's grant.
     After the release it must be granted (or refuse with a clear error) at once,
-    and nobody else gets a live lease before or after its commit."""
+    and nobody else gets a live lease before or after its commit: a rival try
+    returns NULL at once (it never waits, docs/design.md, "Lock protocol" L3),
+    and a rival fenced_lock_acquire waits for the waiter's transaction, then
+    for its lease, and is granted only after the waiter releases."""
     name = f"txn:{isolation}"
-    with env.connect() as holder, env.connect() as other, env.connect() as waiter:
+    with env.connect() as holder, env.connect() as other, env.connect() as rival, env.connect() as waiter:
         waiter.execute(f"BEGIN ISOLATION LEVEL {isolation.upper()}")
         assert waiter.execute("SHOW transaction_isolation").fetchone()[0] == isolation
         waiter.execute("SELECT count(*) FROM pg_class")  # take the snapshot now
@@ -273,18 +314,28 @@ def test_waiting_inside_explicit_transaction_never_grants_a_second_live_lease(en
             token = None
         if token is not None:
             assert call.finished_at - released < 5
-            # the grant is not visible yet; a try meanwhile waits for the
-            # waiter's transaction, then finds the lease live
-            rival = start(lambda: other.execute(
-                "SELECT fenced_lock_try_acquire(%s, '30 s')", (name,)).fetchone()[0])
-            time.sleep(0.3)
-            assert rival.is_alive()
+            # The grant is not committed yet (the name lock is held to commit):
+            # a try returns NULL at once instead of waiting ...
+            t0 = time.monotonic()
+            assert other.execute("SELECT fenced_lock_try_acquire(%s, '30 s')", (name,)).fetchone()[0] is None
+            print(f"{isolation}: try during the uncommitted grant returned NULL in "
+                  f"{(time.monotonic() - t0) * 1000:.1f} ms")
+            assert time.monotonic() - t0 < 1.0
+            # ... while an acquire waits: for the transaction, then for the lease.
+            rival_call = start(lambda: rival.execute(
+                "SELECT fenced_lock_acquire(%s, '30 s', '20 s')", (name,)).fetchone()[0])
+            wait_until(lambda: it_support.is_queued(mon, rival.info.backend_pid), 10, what="the rival to queue")
             waiter.execute("COMMIT")
-            assert rival.outcome(10) is None
             rows = mon.execute("SELECT token, live FROM fenced_lock_leases WHERE name = %s", (name,)).fetchall()
             assert rows == [(token, True)]
             assert token > first
+            time.sleep(0.3)
+            assert rival_call.is_alive(), "a second live lease was granted"
+            assert other.execute("SELECT fenced_lock_try_acquire(%s, '30 s')", (name,)).fetchone()[0] is None
             assert waiter.execute("SELECT fenced_lock_release(%s, %s)", (name, token)).fetchone()[0] is True
+            rival_token = rival_call.outcome(10)
+            assert rival_token > token
+            assert rival.execute("SELECT fenced_lock_release(%s, %s)", (name, rival_token)).fetchone()[0] is True
     it_support.check_history(it_support.read_history(mon, [name]))
 
 
