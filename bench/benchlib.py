@@ -1,9 +1,10 @@
-"""What every benchmark script shares: mode, the server, pgbench, statistics.
+"""What every benchmark script shares: mode, the server, pgbench, flbench,
+statistics.
 
 Modes (environment):
   FL_BENCH_SMOKE=1   run every code path once with tiny counts; numbers are meaningless
   FL_BENCH_RUNS      repetitions of each measurement in full mode (default 5)
-  FL_BENCH_SECONDS   seconds per pgbench/driver run in full mode (default 4)
+  FL_BENCH_SECONDS   seconds per pgbench/flbench run in full mode (default 4)
 Every measurement is repeated RUNS times, the rows of one table interleaved
 (run 1 of every row, then run 2, ...), so slow drift on a shared machine hits
 all rows alike; tables show the median and the min-max over the runs.
@@ -24,12 +25,13 @@ import psycopg
 SMOKE = os.environ.get("FL_BENCH_SMOKE", "") not in ("", "0")
 RUNS = 1 if SMOKE else int(os.environ.get("FL_BENCH_RUNS", "5"))
 SECONDS = int(os.environ.get("FL_BENCH_SECONDS", "4"))
-SMOKE_TX = 30  # pgbench transactions per client in smoke mode
+SMOKE_TX = 30  # pgbench transactions (flbench pairs) per client in smoke mode
 
 HERE = Path(__file__).resolve().parent
 WORK = Path(os.environ.get("FL_BENCH_WORK", "/tmp/fenced_lock_tests/bench_work"))
 PG_PORT = 5560
 PGBENCH = "/usr/lib/postgresql/15/bin/pgbench"
+FLBENCH = HERE / "client" / "target" / "release" / "flbench"  # built by run.sh
 DURABLE = "fsync=on, synchronous_commit=on"
 
 
@@ -49,6 +51,23 @@ def fresh_database(db, extension=True):
     if extension:
         with connect(db) as c:
             c.execute("CREATE EXTENSION fenced_lock")
+
+
+def database_setting(db, name, value):
+    """ALTER DATABASE db SET name = value for a fenced_lock setting, checked
+    in a new session. False if this build of fenced_lock has no such setting
+    (its settings exist once the library is loaded)."""
+    with connect(db) as c:
+        c.execute("LOAD 'fenced_lock'")
+        if not c.execute("SELECT 1 FROM pg_settings WHERE name = %s", (name,)).fetchone():
+            return False
+        c.execute(f'ALTER DATABASE "{db}" SET {name} = {value}')
+    with connect(db) as c:
+        c.execute("LOAD 'fenced_lock'")
+        got = c.execute("SELECT setting FROM pg_settings WHERE name = %s", (name,)).fetchone()[0]
+    if got != str(value):
+        raise RuntimeError(f"{name} is {got!r} in {db}, not {value}")
+    return True
 
 
 def run_sql_file(db, path):
@@ -124,6 +143,32 @@ def pgbench(db, script, clients, defines=None, seconds=None, tag="run", statemen
     return res
 
 
+# -- flbench ------------------------------------------------------------------
+
+def flbench(cmd, *args, **opts):
+    """One run of the compiled client (bench/client); its JSON line as a dict.
+    Options are given as keywords (waiters=10 -> --waiters 10). Any failed
+    call fails the bench: a broken run must not produce a figure."""
+    argv = [str(FLBENCH), cmd, *map(str, args)]
+    for k, v in opts.items():
+        argv += [f"--{k}", str(v)]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+    if out.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv[1:])} failed:\n{out.stderr}")
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    if res.get("errors"):
+        raise RuntimeError(f"{' '.join(argv[1:])}: {res['errors']} errors, the last: {res.get('error')}")
+    return res
+
+
+def flbench_pairs(cmd, *args, clients):
+    """A pairs run (pairs-pg/-redis/-etcd) at `clients` clients, in the shape
+    pgbench() returns: pairs/s and p50/p99 of a pair in ms."""
+    length = {"count": SMOKE_TX} if SMOKE else {"seconds": SECONDS}
+    r = flbench(cmd, *args, clients=clients, **length)
+    return {"tps": r["per_s"], "p50": r["p50_ms"], "p99": r["p99_ms"], "n": r["count"]}
+
+
 def interleaved(configs, run_one, runs=None):
     """Run every config `runs` times, round-robin. `configs` is a list of keys;
     returns {key: [result of each run]}."""
@@ -135,13 +180,9 @@ def interleaved(configs, run_one, runs=None):
 
 
 def summarize_runs(runs, fields=("tps", "p50", "p99")):
+    """Each field's summary; its "runs" keep the run order, so that report.py
+    can pair rows run by run (neighbours in the interleaved order)."""
     return {f: summary([r[f] for r in runs]) for f in fields}
-
-
-def ratio_runs(num_runs, den_runs, field="tps"):
-    """Per-run ratio den/num of throughputs = time per op of num relative to
-    den, paired by run index (neighbours in the interleaved order)."""
-    return summary([d[field] / n[field] for n, d in zip(num_runs, den_runs)])
 
 
 # -- results ------------------------------------------------------------------

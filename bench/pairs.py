@@ -1,18 +1,45 @@
-"""Table 1: try_acquire + release pairs/s and latency, fenced_lock beside the
-PL/pgSQL baseline, the floor (two minimal durable commits) and advisory locks.
-pgbench, loopback TCP, prepared statements, 1 and 8 clients."""
+"""Tables 1 and 3: lock + unlock pairs per second. fenced_lock beside a
+PL/pgSQL lease table, two floors and advisory locks (table 1), and beside
+Redis and etcd (table 3).
 
-from benchlib import (DURABLE, HERE, connect, fresh_database, interleaved, log, pgbench,
-                      ratio_runs, run_sql_file, save, summarize_runs)
+Every row is driven by the same compiled client, flbench (bench/client):
+one connection and one task per client, each client on names of its own (a
+pool of 1000), so clients never contend. All rows at 1 and 8 clients run
+interleaved (run 1 of every row, then run 2, ...), so the fenced_lock runs
+serve both tables and report.py takes every ratio run by run.
+"""
 
-DB = "bench_pairs"
-ROWS = [
-    ("fenced_lock", "pair_fenced_lock.sql", DURABLE),
-    ("plpgsql baseline", "pair_baseline.sql", DURABLE + " (forced per grant)"),
-    ("floor: 2 durable commits", "pair_floor.sql", DURABLE),
-    ("pg_advisory_lock/unlock", "pair_advisory.sql", "none (in memory)"),
-]
+import subprocess
+
+from benchlib import (DURABLE, HERE, connect, database_setting, dsn, flbench_pairs, fresh_database,
+                      interleaved, log, run_sql_file, save, summarize_runs)
+
+DB, DB_NOHIST = "bench_pairs", "bench_pairs_nohist"
 CLIENTS = [1, 8]
+ROWS = {  # row: (flbench arguments, durability)
+    "fenced_lock": (["pairs-pg", "--dsn", dsn(DB), "--kind", "fenced"], DURABLE),
+    "fenced_lock, history off": (["pairs-pg", "--dsn", dsn(DB_NOHIST), "--kind", "fenced"],
+                                 DURABLE + "; fenced_lock.history_retention = 0"),
+    "PL/pgSQL lease table": (["pairs-pg", "--dsn", dsn(DB), "--kind", "plpgsql"],
+                             DURABLE + " (forced per grant and release)"),
+    "floor: 1 durable commit": (["pairs-pg", "--dsn", dsn(DB), "--kind", "floor1"],
+                                "INSERT flushed; DELETE with synchronous_commit=off"),
+    "floor: 2 durable commits": (["pairs-pg", "--dsn", dsn(DB), "--kind", "floor2"], DURABLE),
+    "pg_advisory_lock/unlock": (["pairs-pg", "--dsn", dsn(DB), "--kind", "advisory"], "none (in memory)"),
+    "Redis, appendfsync always": (["pairs-redis", "--port", 6390], "AOF, fsync before the reply"),
+    "Redis, appendfsync everysec": (["pairs-redis", "--port", 6391], "AOF, fsync once a second (may lose 1 s)"),
+    "etcd v3 Lock/Unlock with a lease": (["pairs-etcd", "--endpoint", "http://127.0.0.1:2390"],
+                                         "WAL fsync before the reply (etcd default)"),
+}
+PEERS = ["Redis, appendfsync always", "Redis, appendfsync everysec", "etcd v3 Lock/Unlock with a lease"]
+
+
+def history_off():
+    """DB_NOHIST keeps no lease history: returns why the row is skipped, or None."""
+    fresh_database(DB_NOHIST)
+    if not database_setting(DB_NOHIST, "fenced_lock.history_retention", 0):
+        return "skipped: this build of fenced_lock has no fenced_lock.history_retention"
+    return None
 
 
 def main():
@@ -20,30 +47,27 @@ def main():
     run_sql_file(DB, HERE / "baseline_plpgsql.sql")
     with connect(DB) as c:
         c.execute('CREATE TABLE bench_floor (name text COLLATE "C" PRIMARY KEY, token bigint NOT NULL)')
+    skipped = history_off()
+    rows = [r for r in ROWS if not (skipped and r == "fenced_lock, history off")]
 
-    out = {"rows": []}
-    for clients in CLIENTS:
-        log(f"pairs: {clients} client(s)")
-        runs = interleaved([r[0] for r in ROWS],
-                           lambda row: pgbench(DB, HERE / "pgbench" / dict((r[0], r[1]) for r in ROWS)[row],
-                                               clients, tag="pairs"))
-        for row, _, durability in ROWS:
-            out["rows"].append({"row": row, "clients": clients, "durability": durability,
-                                **summarize_runs(runs[row])})
-        out.setdefault("ratios", []).append({
-            "clients": clients,
-            "fenced_vs_floor": ratio_runs(runs["fenced_lock"], runs["floor: 2 durable commits"]),
-            "fenced_vs_baseline": ratio_runs(runs["fenced_lock"], runs["plpgsql baseline"]),
-        })
+    subprocess.run(["bash", str(HERE / "servers.sh"), "start", "peers"], check=True)
+    try:
+        log(f"pairs: {len(rows)} rows at {CLIENTS} clients, interleaved")
+        runs = interleaved([(r, c) for r in rows for c in CLIENTS],
+                           lambda key: flbench_pairs(*ROWS[key[0]][0], clients=key[1]))
+    finally:
+        subprocess.run(["bash", str(HERE / "servers.sh"), "stop", "peers"], check=False)
 
-    # Every release succeeded: no lease and no floor row is left behind.
+    # Every release succeeded: nothing is left behind.
     with connect(DB) as c:
-        left = c.execute("SELECT (SELECT count(*) FROM fenced_lock_internal.leases),"
+        left = c.execute("SELECT (SELECT count(*) FROM fenced_lock_leases WHERE live),"
                          " (SELECT count(*) FROM plpgsql_lease.leases),"
                          " (SELECT count(*) FROM bench_floor)").fetchone()
     if any(left):
-        raise RuntimeError(f"pairs: records left behind (fenced_lock, baseline, floor) = {left}")
-    save("pairs", out)
+        raise RuntimeError(f"pairs: records left behind (fenced_lock, PL/pgSQL, floor) = {left}")
+    save("pairs", {"rows": [{"row": r, "clients": c, "durability": ROWS[r][1], "peer": r in PEERS,
+                             **summarize_runs(runs[(r, c)])} for c in CLIENTS for r in rows],
+                   "history_off": skipped})
 
 
 if __name__ == "__main__":

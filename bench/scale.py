@@ -2,43 +2,65 @@
 
 4a. try_acquire + release latency (pgbench, 1 client) with 1 thousand, 100
     thousand and 1 million distinct live leases present. The leases are
-    written straight into fenced_lock_internal.leases as superuser (tokens
-    from the extension's own sequence, owner postgres, expiring in a day).
+    written straight into the extension's lease records as superuser (tokens
+    from its own sequence, owner postgres, expiring in a day), and into its
+    lease history too where there is one, as granting them would have.
 4b. Lease state under churn: grants of ever new names with a 1 s ttl that are
     never released, for longer than the 60 s after which expired records are
-    reaped by later grants. The table's size is sampled while it runs.
+    reaped by later grants. The table's size is sampled while it runs, and
+    the history's, kept for 60 s (fenced_lock.history_retention) where the
+    extension keeps one, so that its bound shows within the run.
 """
 
 import os
 import subprocess
 import time
 
-from benchlib import (DURABLE, HERE, PG_PORT, PGBENCH, SMOKE, connect, fresh_database, interleaved,
-                      log, pgbench, save, summary)
+from benchlib import (DURABLE, HERE, PG_PORT, PGBENCH, SMOKE, connect, database_setting, fresh_database,
+                      interleaved, log, pgbench, save, summary)
 
 LEVELS = [1_000, 2_000, 5_000] if SMOKE else [1_000, 100_000, 1_000_000]
 CHURN_SECONDS = 2 if SMOKE else int(os.environ.get("FL_BENCH_CHURN_SECONDS", "150"))
 SAMPLE_EVERY = 1 if SMOKE else 15
 
 
+def tables(c):
+    """The lease records table (`lease_records` since 0.2.0, `leases` before)
+    and the lease history table, None before 0.2.0."""
+    return c.execute("SELECT coalesce(to_regclass('fenced_lock_internal.lease_records'),"
+                     "                to_regclass('fenced_lock_internal.leases'))::text,"
+                     "       to_regclass('fenced_lock_internal.lease_history')::text").fetchone()
+
+
+def insert_leases(c, prefix, lo, hi, acquired, expires, ttl):
+    """Lease records `prefix || g` for g in lo..hi, owner postgres (a lease
+    that has not ended has no history row: the history view shows its record)."""
+    records, _ = tables(c)
+    sql = f"""
+        INSERT INTO {records} (name, token, holder, owner, acquired_at, expires_at, ttl)
+        SELECT %(p)s || g, nextval('fenced_lock_internal.token_seq'), NULL, 'postgres'::regrole,
+               now() + %(a)s::interval, now() + %(e)s::interval, %(t)s::interval
+          FROM generate_series(%(lo)s::bigint, %(hi)s::bigint) g
+        """
+    c.execute(sql, {"p": prefix, "lo": lo, "hi": hi, "a": acquired, "e": expires, "t": ttl})
+
+
 def fill(c, upto, have):
-    c.execute("""
-        INSERT INTO fenced_lock_internal.leases (name, token, holder, owner, acquired_at, expires_at, ttl)
-        SELECT 'fill:' || g, nextval('fenced_lock_internal.token_seq'), NULL, 'postgres'::regrole,
-               now(), now() + interval '1 day', interval '1 day'
-          FROM generate_series(%s::bigint, %s::bigint) g""", (have + 1, upto))
-    c.execute("VACUUM ANALYZE fenced_lock_internal.leases")
+    insert_leases(c, "fill:", have + 1, upto, "0 s", "1 day", "1 day")
+    c.execute("VACUUM ANALYZE")
     c.execute("CHECKPOINT")
 
 
 def records(c):
-    """(records, live records, total size, heap size, last token)"""
-    return c.execute("""
+    """(records, live records, total size, heap size, last token, history
+    rows, history total size); the last two None without a history"""
+    t, h = tables(c)
+    hist = f"(SELECT count(*) FROM {h}), pg_total_relation_size('{h}')" if h else "NULL::bigint, NULL::bigint"
+    return c.execute(f"""
         SELECT count(*), count(*) FILTER (WHERE expires_at > clock_timestamp()),
-               pg_total_relation_size('fenced_lock_internal.leases'),
-               pg_relation_size('fenced_lock_internal.leases'),
-               (SELECT last_value FROM fenced_lock_internal.token_seq)
-          FROM fenced_lock_internal.leases""").fetchone()
+               pg_total_relation_size('{t}'), pg_relation_size('{t}'),
+               (SELECT last_value FROM fenced_lock_internal.token_seq), {hist}
+          FROM {t}""").fetchone()
 
 
 def latency_by_size():
@@ -53,7 +75,7 @@ def latency_by_size():
             have = level
             runs = interleaved(["pair"], lambda _: pgbench(db, HERE / "pgbench" / "scale_pair.sql", 1,
                                                           tag="scale", statements=True))["pair"]
-            n, live, size, _, _ = records(c)
+            n, live, size = records(c)[:3]
             if live < level:
                 raise RuntimeError(f"scale: expected {level} live leases, found {live}")
             rows.append({"records": n, "live": live, "size": size,
@@ -66,25 +88,22 @@ def latency_by_size():
 
 
 def sample(c, t0, tok0):
-    n, live, size, heap, tok = records(c)
+    n, live, size, heap, tok, hist, hist_size = records(c)
     return {"t": round(time.monotonic() - t0), "records": n, "live": live, "size": size, "heap": heap,
-            "grants": tok - tok0}
+            "grants": tok - tok0, "history": hist, "history_size": hist_size}
 
 
 def churn():
     db = "bench_churn"
     fresh_database(db)
+    retention = "60 s" if database_setting(db, "fenced_lock.history_retention", 60) else None
     log(f"scale: churn for {CHURN_SECONDS} s")
     with connect(db) as c:
         if SMOKE:
             # Records long expired, so that the short smoke run reaps something.
-            c.execute("""
-                INSERT INTO fenced_lock_internal.leases (name, token, holder, owner, acquired_at, expires_at, ttl)
-                SELECT 'old:' || g, nextval('fenced_lock_internal.token_seq'), NULL, 'postgres'::regrole,
-                       now() - interval '3 min', now() - interval '2 min', interval '1 min'
-                  FROM generate_series(1, 100) g""")
-        n0, _, size0, heap0, tok0 = records(c)
-        samples = [{"t": 0, "records": n0, "live": 0, "size": size0, "heap": heap0, "grants": 0}]
+            insert_leases(c, "old:", 1, 100, "-3 min", "-2 min", "1 min")
+        tok0 = records(c)[4]
+        samples = [sample(c, time.monotonic(), tok0)]
         bench = subprocess.Popen(
             [PGBENCH, "-n", "-M", "prepared", "-h", "127.0.0.1", "-p", str(PG_PORT), "-U", "postgres",
              "-c", "1", "-j", "1", "-T", str(CHURN_SECONDS), "-f", str(HERE / "pgbench" / "churn.sql"), db],
@@ -99,9 +118,9 @@ def churn():
         if bench.returncode != 0 or "aborted" in output:
             raise RuntimeError(f"churn pgbench failed:\n{output}")
         samples.append(sample(c, t0, tok0))
-        reaped_old = c.execute("SELECT count(*) FROM fenced_lock_internal.leases WHERE name LIKE 'old:%'"
+        reaped_old = c.execute(f"SELECT count(*) FROM {tables(c)[0]} WHERE name LIKE 'old:%'"
                                ).fetchone()[0] if SMOKE else None
-    return {"seconds": CHURN_SECONDS, "ttl": "1 s", "samples": samples,
+    return {"seconds": CHURN_SECONDS, "ttl": "1 s", "samples": samples, "history_retention": retention,
             "smoke_old_records_left": reaped_old}
 
 

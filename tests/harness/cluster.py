@@ -1,4 +1,4 @@
-"""Scratch PostgreSQL 15 clusters on loopback for fenced_lock's tests.
+"""Scratch PostgreSQL clusters on loopback for fenced_lock's tests.
 
 PostgreSQL refuses to run as root, so every server command runs as the
 `postgres` OS user (through sudo when the tests run as root). Each cluster
@@ -14,7 +14,9 @@ from pathlib import Path
 
 import psycopg
 
-BIN = Path("/usr/lib/postgresql/15/bin")
+# The server binaries and client tools of the major under test: FL_PG_BINDIR
+# (set by scripts/with-pg.sh, `make test-integration PG=18`), else Debian's 15.
+BIN = Path(os.environ.get("FL_PG_BINDIR") or "/usr/lib/postgresql/15/bin")
 ROOT = Path(os.environ.get("FL_TEST_ROOT", "/tmp/fenced_lock_tests"))
 
 

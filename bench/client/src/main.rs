@@ -1,0 +1,136 @@
+//! flbench: the compiled client behind bench/ (see bench/README.md), so that
+//! fenced_lock and every peer are driven the same way and the figures measure
+//! the servers, not the client. Every subcommand prints one JSON line.
+//!
+//!   pairs-pg     --dsn D --kind fenced|plpgsql|floor1|floor2|advisory
+//!   pairs-redis  --port P
+//!   pairs-etcd   --endpoint http://127.0.0.1:2390
+//!                (all three: --clients N --seconds S, or --count C pairs per client)
+//!   handoff      --dsn D --waiters N --trials T [--method queue|backoff]
+//!   idle-cpu     --dsn D --waiters N --seconds S [--method queue|backoff]
+//!   session-kill --dsn D --trials T
+//!   hold         --dsn D --name X     (session-kill's holder process)
+
+mod pairs;
+mod waiting;
+
+use std::collections::HashMap;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+pub type Error = Box<dyn std::error::Error + Send + Sync>;
+pub type Res<T> = Result<T, Error>;
+
+/// The `--key value` options after the subcommand.
+pub struct Opts(HashMap<String, String>);
+
+impl Opts {
+    fn parse(args: &[String]) -> Res<Self> {
+        let mut m = HashMap::new();
+        let mut it = args.iter();
+        while let Some(k) = it.next() {
+            let key = k.strip_prefix("--").ok_or_else(|| format!("expected --option, got {k}"))?;
+            let v = it.next().ok_or_else(|| format!("--{key} needs a value"))?;
+            m.insert(key.to_string(), v.clone());
+        }
+        Ok(Opts(m))
+    }
+
+    pub fn str(&self, key: &str) -> Res<&str> {
+        self.0.get(key).map(String::as_str).ok_or_else(|| format!("missing --{key}").into())
+    }
+
+    pub fn str_or<'a>(&'a self, key: &str, default: &'a str) -> &'a str {
+        self.0.get(key).map_or(default, String::as_str)
+    }
+
+    pub fn num<T: std::str::FromStr>(&self, key: &str, default: T) -> Res<T> {
+        match self.0.get(key) {
+            None => Ok(default),
+            Some(v) => v.parse().map_err(|_| format!("bad --{key} {v}").into()),
+        }
+    }
+}
+
+/// Nearest-rank percentile of sorted values (the definition benchlib.py uses).
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let k = ((p / 100.0 * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[k - 1]
+}
+
+/// Wall clock in seconds since the epoch: the same clock as the server's
+/// clock_timestamp() on this machine, so the two can be subtracted.
+pub fn epoch_now() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// One JSON object on one line, built field by field.
+#[derive(Default)]
+pub struct Line(Vec<String>);
+
+impl Line {
+    pub fn s(mut self, k: &str, v: &str) -> Self {
+        let esc: String = v
+            .chars()
+            .flat_map(|c| match c {
+                '"' | '\\' => vec!['\\', c],
+                c if (c as u32) < 0x20 => format!("\\u{:04x}", c as u32).chars().collect(),
+                c => vec![c],
+            })
+            .collect();
+        self.0.push(format!("\"{k}\": \"{esc}\""));
+        self
+    }
+
+    pub fn n(mut self, k: &str, v: f64) -> Self {
+        // JSON has no NaN: a missing figure is null.
+        let v = if v.is_finite() { format!("{v}") } else { "null".into() };
+        self.0.push(format!("\"{k}\": {v}"));
+        self
+    }
+
+    pub fn raw(mut self, k: &str, v: impl std::fmt::Display) -> Self {
+        self.0.push(format!("\"{k}\": {v}"));
+        self
+    }
+
+    pub fn print(self) {
+        println!("{{{}}}", self.0.join(", "));
+    }
+}
+
+/// A PostgreSQL connection whose protocol task runs on its own.
+pub async fn pg_connect(dsn: &str) -> Res<tokio_postgres::Client> {
+    let (client, conn) = tokio_postgres::connect(dsn, tokio_postgres::NoTls).await?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            eprintln!("flbench: connection: {e}");
+        }
+    });
+    Ok(client)
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let cmd = args.first().map_or("", String::as_str);
+    let res = match Opts::parse(args.get(1..).unwrap_or_default()) {
+        Err(e) => Err(e),
+        Ok(o) => match cmd {
+            "pairs-pg" | "pairs-redis" | "pairs-etcd" => pairs::run(cmd, &o).await,
+            "handoff" => waiting::handoff(&o).await,
+            "idle-cpu" => waiting::idle_cpu(&o).await,
+            "session-kill" => waiting::session_kill(&o).await,
+            "hold" => waiting::hold(&o).await,
+            _ => Err("usage: flbench pairs-pg|pairs-redis|pairs-etcd|handoff|idle-cpu|session-kill|hold \
+                      --option value ... (see src/main.rs)"
+                .into()),
+        },
+    };
+    if let Err(e) = res {
+        eprintln!("flbench {cmd}: {e}");
+        std::process::exit(1);
+    }
+}
