@@ -12,4 +12,6 @@ shift
 eval "$(bash scripts/pg-env.sh "$major")"
 export PG_MAJOR=$major PG_CONFIG PG_BINDIR PG_CLIENT_BINDIR PG_REGRESS PG_ISOLATION_REGRESS PG_FULL_CONFIG PG_FULL_BINDIR
 export FL_PG_BINDIR=${PG_FULL_BINDIR:-$PG_BINDIR}
+# PyPI's builds (14+) need their own lib directory for libpq (tests/harness/cluster.py).
+if [ -n "$PG_FULL_BINDIR" ] && [ "$major" != 15 ]; then export FL_PG_LIBDIR=$(dirname "$PG_FULL_BINDIR")/lib; fi
 exec "$@"

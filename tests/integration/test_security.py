@@ -108,11 +108,15 @@ def test_application_role_cannot_advance_or_reset_the_token_sequence(sec, su, lo
         f"SELECT nextval({seq_oid}::regclass)",
         f"SELECT setval({seq_oid}::regclass, 1)",
         f"SELECT setval({seq_oid}::regclass, 1, false)",
-        f"SELECT pg_sequence_last_value({seq_oid}::regclass)",
     ]
     with sec.connect(sec.APP_A) as a:
         for q in attacks:
             assert sqlstate(a, q) == "42501", q
+        # Reading the position by OID: refused (42501) up to 17; from 18
+        # PostgreSQL answers NULL to a role without privileges. Neither tells.
+        peek = f"SELECT pg_sequence_last_value({seq_oid}::regclass)"
+        state = sqlstate(a, peek)
+        assert state == "42501" or (state is None and one(a, peek) is None), (peek, state)
     assert one(su, "SELECT last_value FROM fenced_lock_internal.token_seq") == last
     with sec.connect(sec.APP_A) as a:
         assert acquire(a, lock) > last
