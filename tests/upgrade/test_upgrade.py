@@ -38,26 +38,26 @@ WITH members AS (
 ), rels AS (
   SELECT c.oid FROM pg_class c JOIN members m ON m.classid = 'pg_class'::regclass AND m.objid = c.oid
 )
-SELECT 'function ' || p.oid::regprocedure, pg_get_functiondef(p.oid) || ' acl=' || coalesce(p.proacl::text, '')
+SELECT 'function ' || p.oid::regprocedure::text, pg_get_functiondef(p.oid) || ' acl=' || coalesce(p.proacl::text, '')
        || ' comment=' || coalesce(obj_description(p.oid, 'pg_proc'), '')
   FROM pg_proc p JOIN members m ON m.classid = 'pg_proc'::regclass AND m.objid = p.oid
 UNION ALL
-SELECT 'relation ' || c.oid::regclass, c.relkind || ' opts=' || coalesce(array_to_string(c.reloptions, ','), '')
+SELECT 'relation ' || c.oid::regclass::text, c.relkind::text || ' opts=' || coalesce(array_to_string(c.reloptions, ','), '')
        || ' acl=' || coalesce(c.relacl::text, '') || ' comment=' || coalesce(obj_description(c.oid, 'pg_class'), '')
        || CASE WHEN c.relkind = 'v' THEN ' def=' || pg_get_viewdef(c.oid) ELSE '' END
   FROM pg_class c WHERE c.oid IN (SELECT oid FROM rels)
 UNION ALL
-SELECT 'column ' || a.attrelid::regclass || '.' || a.attname,
-       format_type(a.atttypid, a.atttypmod) || ' notnull=' || a.attnotnull || ' num=' || a.attnum
+SELECT 'column ' || a.attrelid::regclass::text || '.' || a.attname,
+       format_type(a.atttypid, a.atttypmod) || ' notnull=' || a.attnotnull::text || ' num=' || a.attnum::text
        || ' default=' || coalesce(pg_get_expr(d.adbin, d.adrelid), '') || ' coll=' || coalesce(co.collname, '')
   FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
   LEFT JOIN pg_collation co ON co.oid = a.attcollation AND a.attcollation <> 100
  WHERE a.attrelid IN (SELECT oid FROM rels) AND a.attnum > 0 AND NOT a.attisdropped
 UNION ALL
-SELECT 'index ' || i.indexrelid::regclass, pg_get_indexdef(i.indexrelid)
+SELECT 'index ' || i.indexrelid::regclass::text, pg_get_indexdef(i.indexrelid)
   FROM pg_index i WHERE i.indrelid IN (SELECT oid FROM rels)
 UNION ALL
-SELECT 'constraint ' || con.conrelid::regclass || '.' || con.conname, pg_get_constraintdef(con.oid)
+SELECT 'constraint ' || con.conrelid::regclass::text || '.' || con.conname, pg_get_constraintdef(con.oid)
   FROM pg_constraint con WHERE con.conrelid IN (SELECT oid FROM rels)
 UNION ALL
 SELECT 'schema ' || n.nspname, coalesce(n.nspacl::text, '') || ' comment=' || coalesce(obj_description(n.oid, 'pg_namespace'), '')
@@ -139,9 +139,10 @@ def test_update_from_the_real_0_1_0_keeps_leases_tokens_guards_history_and_grant
         new = app2.execute("SELECT fenced_lock_try_acquire('stock:9', session_bound => true)").fetchone()[0]
         assert new > max_issued, "tokens keep growing past everything 0.1.0 issued"
         assert app2.execute("SELECT fenced_lock_try_acquire('stock:2')").fetchone()[0] > new, "expired: taken over"
-        assert app2.execute("SELECT ended_by FROM fenced_lock_history WHERE name = 'stock:2' "
-                            "ORDER BY acquired_at LIMIT 1").fetchone()[0] == "expiry"
         assert app2.execute("SELECT qty FROM stock WHERE item = 1").fetchone()[0] == 8
+    with cluster.connect(DB) as su:
+        assert su.execute("SELECT ended_by FROM fenced_lock_history WHERE name = 'stock:2' "
+                          "ORDER BY acquired_at LIMIT 1").fetchone()[0] == "expiry"
 
     # The backend still running 0.1.0's library fails cleanly: no crash, no restart.
     state, _ = sqlstate_of(lambda: app.execute("SELECT fenced_lock_try_acquire('stock:4')"))

@@ -39,7 +39,7 @@ class ExtensionFiles:
         stage = Path(stage)
         so = next(stage.rglob("fenced_lock.so"))
         control = next(stage.rglob("fenced_lock.control"))
-        dest = stage / "flat"
+        dest = stage.with_name(stage.name + "-flat")
         shutil.rmtree(dest, ignore_errors=True)
         (dest / "extension").mkdir(parents=True)
         shutil.copy2(so, dest / "fenced_lock.so")
