@@ -7,9 +7,10 @@ has a connect timeout and a statement timeout, and every server or pooler a
 test starts is stopped by the fixture that started it, pass or fail.
 """
 
-import signal
 
 import pytest
+
+from harness.budget import budget_fixture, register_budget_marker
 
 from harness.cluster import Cluster
 from faultkit import MAIN_PORT
@@ -17,30 +18,10 @@ from faultkit import MAIN_PORT
 TEST_BUDGET_S = 150
 
 
-class BudgetExceeded(Exception):
-    pass
 
+time_budget = budget_fixture(default_seconds=TEST_BUDGET_S)
+pytest_configure = register_budget_marker
 
-@pytest.fixture(autouse=True)
-def time_budget(request):
-    """Fail (with teardown) any test that runs past its budget."""
-    marker = request.node.get_closest_marker("budget")
-    seconds = int(marker.args[0]) if marker else TEST_BUDGET_S
-
-    def expired(signum, frame):
-        raise BudgetExceeded(f"{request.node.name} ran longer than {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", "budget(seconds): wall-clock budget of one test")
 
 
 # -- clusters -------------------------------------------------------------------

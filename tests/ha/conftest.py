@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.budget import budget_fixture, register_budget_marker
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ha_cluster import HACluster, cleanup_leftovers  # noqa: E402
@@ -24,30 +26,10 @@ from ha_workload import install_history  # noqa: E402
 TEST_BUDGET_S = 150
 
 
-class BudgetExceeded(Exception):
-    pass
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "budget(seconds): wall-clock budget of one test")
-
-
-@pytest.fixture(autouse=True)
-def time_budget(request):
-    """Fail (with teardown) any test that runs past its budget."""
-    marker = request.node.get_closest_marker("budget")
-    seconds = int(marker.args[0]) if marker else TEST_BUDGET_S
-
-    def expired(signum, frame):
-        raise BudgetExceeded(f"{request.node.name} ran longer than {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
+time_budget = budget_fixture(default_seconds=TEST_BUDGET_S)
+pytest_configure = register_budget_marker
 
 
 def _terminate(signum, frame):

@@ -24,9 +24,10 @@ FL_IT_PORT (one of 5503-5509) moves the session cluster to that port and to
 """
 
 import os
-import signal
 
 import pytest
+
+from harness.budget import budget_fixture, register_budget_marker
 
 from harness.clientproc import Children
 from harness.cluster import Cluster
@@ -38,30 +39,10 @@ PRELOAD_PORT = 5502
 TEST_BUDGET_S = 120
 
 
-class BudgetExceeded(Exception):
-    pass
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "budget(seconds): wall-clock budget of one test")
-
-
-@pytest.fixture(autouse=True)
-def time_budget(request):
-    """Fail (with teardown) any test that runs past its budget."""
-    marker = request.node.get_closest_marker("budget")
-    seconds = int(marker.args[0]) if marker else TEST_BUDGET_S
-
-    def expired(signum, frame):
-        raise BudgetExceeded(f"{request.node.name} ran longer than {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
+time_budget = budget_fixture(default_seconds=TEST_BUDGET_S)
+pytest_configure = register_budget_marker
 
 
 @pytest.fixture
