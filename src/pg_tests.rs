@@ -197,9 +197,12 @@ fn every_grant_opens_a_history_row_and_its_release_closes_it() {
 }
 
 #[pg_test]
-fn no_history_row_is_written_when_retention_is_zero() {
+fn no_ended_lease_is_kept_when_retention_is_zero() {
     Spi::run("SET fenced_lock.history_retention = 0").unwrap();
     let t = one_i64("SELECT fenced_lock_try_acquire('hist:2')").unwrap();
+    // live: shown from its record
+    assert_eq!(one_i64(&format!("SELECT count(*) FROM fenced_lock_history WHERE token = {t}")), Some(1));
+    assert!(fenced_release("hist:2", t));
     assert_eq!(one_i64(&format!("SELECT count(*) FROM fenced_lock_history WHERE token = {t}")), Some(0));
 }
 
