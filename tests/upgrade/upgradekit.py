@@ -8,7 +8,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 MAJOR = int(os.environ.get("PG_MAJOR", "15"))
-PG_CONFIG = os.environ.get("PG_CONFIG", "/usr/bin/pg_config")
+# The pg_config of the server the tests start (tests/harness/cluster.py runs
+# the major's whole install when there is one: PG_FULL_CONFIG).
+PG_CONFIG = os.environ.get("PG_FULL_CONFIG") or os.environ.get("PG_CONFIG", "/usr/bin/pg_config")
 
 
 def pg_config(flag):
