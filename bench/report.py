@@ -196,7 +196,9 @@ def section_scale(d):
             f"{ch['ttl']}, never released. Records expired for more than 60 s are reaped by later grants; "
             "without that the table would hold one record per grant."
             + (f" The history is kept {hist} (`fenced_lock.history_retention`, set for this database) and "
-               "pruned by later grants." if hist else "") + "\n",
+               "pruned by later grants. A reaped lease's history row ends at its `expires_at`, already more "
+               "than 60 s back, so it is pruned soon after it is written: the row count stays near zero while "
+               "the history's size shows the space that autovacuum recycles." if hist else "") + "\n",
             table(["t (s)", "grants so far", "records in table", "of them live", "heap size",
                    "total size (with indexes)"] + (["history rows", "history size"] if hist else []),
                   [[f"{x['t']} (after the run)" if x["t"] > ch["seconds"] else x["t"], f"{x['grants']:,}",
