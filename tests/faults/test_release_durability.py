@@ -41,21 +41,10 @@ import time
 import pytest
 
 from faultkit import RELEASE_PORT, connect, leases, sqlstate_of, wait_until
+from harness.cluster import QUIET_WAL
 
 CYCLES = 48
 LONE_TTL_S = 3
-
-QUIET_WAL = {
-    "wal_writer_delay": "'10s'",
-    "wal_writer_flush_after": "'1GB'",
-    "wal_level": "minimal",
-    "max_wal_senders": "0",
-    "archive_mode": "off",
-    "autovacuum": "off",
-    "checkpoint_timeout": "'1h'",
-    "max_wal_size": "'4GB'",
-    "bgwriter_lru_maxpages": "0",
-}
 
 SCHEMA = """
 CREATE TABLE docs (id int PRIMARY KEY, body text, fence_token bigint);

@@ -26,6 +26,23 @@ ROOT = Path(os.environ.get("FL_TEST_ROOT", "/tmp/fenced_lock_tests"))
 LIBDIR = os.environ.get("FL_PG_LIBDIR")
 
 
+# Settings under which nothing but a commit flushes the WAL for minutes: no
+# WAL writer rounds, no checkpoints, no autovacuum or background writer, no
+# senders. A test that asks whether a commit was flushed (or was not) needs
+# them, or some background process may flush it first.
+QUIET_WAL = {
+    "wal_writer_delay": "'10s'",
+    "wal_writer_flush_after": "'1GB'",
+    "wal_level": "minimal",
+    "max_wal_senders": "0",
+    "archive_mode": "off",
+    "autovacuum": "off",
+    "checkpoint_timeout": "'1h'",
+    "max_wal_size": "'4GB'",
+    "bgwriter_lru_maxpages": "0",
+}
+
+
 def as_postgres(args, **kw):
     """Run a command as the postgres OS user."""
     if LIBDIR:

@@ -18,24 +18,12 @@ must be at or past the end of that record.
 
 import pytest
 
-from harness.cluster import Cluster
+from harness.cluster import QUIET_WAL, Cluster
 
 import it_support
 
 PORT = 5501
 DB = "it_durability"
-
-QUIET_WAL = {
-    "wal_writer_delay": "'10s'",
-    "wal_writer_flush_after": "'1GB'",
-    "wal_level": "minimal",
-    "max_wal_senders": "0",
-    "archive_mode": "off",
-    "autovacuum": "off",
-    "checkpoint_timeout": "'1h'",
-    "max_wal_size": "'4GB'",
-    "bgwriter_lru_maxpages": "0",
-}
 
 
 @pytest.fixture(scope="module")
