@@ -235,6 +235,20 @@ def check_history(events):
 # -- waiting ---------------------------------------------------------------------
 
 
+def one(conn, query, params=None):
+    """The first column of the first row of `query`."""
+    return conn.execute(query, params).fetchone()[0]
+
+
+def create_guarded_docs(cluster, dbname, template):
+    """Table `docs (id text, body text, fence_token bigint)`, guarded by
+    `fenced_lock_guard(template)`."""
+    with cluster.connect(dbname) as conn:
+        conn.execute("CREATE TABLE docs (id text PRIMARY KEY, body text, fence_token bigint)")
+        conn.execute("CREATE TRIGGER docs_fence BEFORE INSERT OR UPDATE OR DELETE ON docs "
+                     f"FOR EACH ROW EXECUTE FUNCTION fenced_lock_guard('{template}')")
+
+
 def wait_until(predicate, timeout=10.0, interval=0.005, what="condition"):
     """Poll `predicate` until it returns something truthy; fail after `timeout` s."""
     deadline = time.monotonic() + timeout

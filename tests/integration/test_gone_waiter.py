@@ -18,7 +18,7 @@ import pytest
 
 import it_support
 from harness.clientproc import WAIT
-from it_support import elapsed_ms, start, wait_until
+from it_support import elapsed_ms, one, start, wait_until
 
 GRANT_BOUND_S = 2.0
 
@@ -27,10 +27,6 @@ GRANT_BOUND_S = 2.0
 def mon(cluster, db):
     with cluster.connect(db) as conn:
         yield conn
-
-
-def one(conn, query, params=None):
-    return conn.execute(query, params).fetchone()[0]
 
 
 def tokens_of(mon, name):

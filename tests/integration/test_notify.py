@@ -27,7 +27,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from it_support import elapsed_ms, wait_until
+from it_support import elapsed_ms, one, wait_until
 
 MARKS = itertools.count()
 
@@ -75,10 +75,6 @@ class Listener:
 def listener(cluster, db):
     with cluster.connect(db) as conn:
         yield Listener(conn)
-
-
-def one(conn, query, params=None):
-    return conn.execute(query, params).fetchone()[0]
 
 
 def test_listener_receives_exactly_the_committed_events_in_commit_order(cluster, db, su, listener):

@@ -29,15 +29,11 @@ import pytest
 from psycopg import sql
 
 import it_support
-from it_support import start, wait_until
+from it_support import one, start, wait_until
 
 VIEWS = ["fenced_lock_leases", "fenced_lock_waiters", "fenced_lock_history", "fenced_lock_stats"]
 STATS = ["grants", "renewals", "releases", "expiries", "force_releases", "session_ends", "waits",
          "wait_timeouts", "fence_rejections", "missing_tokens"]
-
-
-def one(conn, query, params=None):
-    return conn.execute(query, params).fetchone()[0]
 
 
 def grant_views(cluster, dbname, role):

@@ -13,17 +13,13 @@ import time
 import pytest
 
 import it_support
-from it_support import start, wait_until
+from it_support import one, start, wait_until
 
 
 @pytest.fixture
 def mon(cluster, db):
     with cluster.connect(db) as conn:
         yield conn
-
-
-def one(conn, query, params=None):
-    return conn.execute(query, params).fetchone()[0]
 
 
 def start_waiter(conn, mon, name):

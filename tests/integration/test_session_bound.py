@@ -25,17 +25,14 @@ import pytest
 
 import it_support
 from harness.clientproc import HOLD
-from it_support import elapsed_ms, start, wait_until
+from it_support import elapsed_ms, one, start, wait_until
 
 HANDOFF_BOUND_S = 2.0
 
 
 @pytest.fixture(scope="module")
 def app(cluster, db):
-    with cluster.connect(db) as conn:
-        conn.execute("CREATE TABLE docs (id text PRIMARY KEY, body text, fence_token bigint)")
-        conn.execute("CREATE TRIGGER docs_fence BEFORE INSERT OR UPDATE OR DELETE ON docs "
-                     "FOR EACH ROW EXECUTE FUNCTION fenced_lock_guard('sb:{id}')")
+    it_support.create_guarded_docs(cluster, db, "sb:{id}")
     return db
 
 
@@ -43,10 +40,6 @@ def app(cluster, db):
 def mon(cluster, app):
     with cluster.connect(app) as conn:
         yield conn
-
-
-def one(conn, query, params=None):
-    return conn.execute(query, params).fetchone()[0]
 
 
 def try_acquire(conn, name, ttl="60 s", holder=None, session_bound=True):

@@ -10,6 +10,8 @@ import itertools
 import psycopg
 import pytest
 
+from it_support import one
+
 
 @pytest.fixture(scope="module")
 def app(cluster, db, execute_only_role):
@@ -20,10 +22,6 @@ def app(cluster, db, execute_only_role):
                      "FOR EACH ROW EXECUTE FUNCTION fenced_lock_guard('doc:{id}')")
         conn.execute(f'GRANT SELECT, INSERT, UPDATE, DELETE ON docs TO "{role}"')
     return role
-
-
-def one(conn, query, params=None):
-    return conn.execute(query, params).fetchone()[0]
 
 
 def test_works_through_many_connections_without_session_state(cluster, db, app):

@@ -14,22 +14,15 @@ import psycopg
 import pytest
 
 import it_support
-from it_support import elapsed_ms, start, wait_until
+from it_support import elapsed_ms, one, start, wait_until
 
 TRY_BOUND_S = 1.0
 
 
 @pytest.fixture(scope="module")
 def app(cluster, db):
-    with cluster.connect(db) as conn:
-        conn.execute("CREATE TABLE docs (id text PRIMARY KEY, body text, fence_token bigint)")
-        conn.execute("CREATE TRIGGER docs_fence BEFORE INSERT OR UPDATE OR DELETE ON docs "
-                     "FOR EACH ROW EXECUTE FUNCTION fenced_lock_guard('try:{id}')")
+    it_support.create_guarded_docs(cluster, db, "try:{id}")
     return db
-
-
-def one(conn, query, params=None):
-    return conn.execute(query, params).fetchone()[0]
 
 
 def grab(conn, name, ttl="60 s"):
