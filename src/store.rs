@@ -147,6 +147,63 @@ struct HistoryObjects {
     by_ended_at: pg_sys::Oid,
     /// attnum of `ended_at`
     ended_at: i16,
+    /// Every column, when the table has exactly the columns this library
+    /// writes: rows are then formed and inserted directly. Otherwise (a
+    /// table of another shape) they go through an `INSERT`, which fills in
+    /// what this library does not know.
+    direct: Option<HistoryColumns>,
+}
+
+/// Attribute numbers of the history table's columns.
+#[derive(Clone, Copy)]
+struct HistoryColumns {
+    token: i16,
+    name: i16,
+    holder: i16,
+    owner: i16,
+    session_bound: i16,
+    acquired_at: i16,
+    expires_at: i16,
+    ended_at: i16,
+    ended_by: i16,
+    ended_by_role: i16,
+}
+
+impl HistoryColumns {
+    /// The columns of `table`, if they are exactly these (by name and type).
+    fn of(table: pg_sys::Oid) -> Option<HistoryColumns> {
+        let col = |name: &str, typ| column(table, name, typ);
+        let found = HistoryColumns {
+            token: col("token", pg_sys::INT8OID)?,
+            name: col("name", pg_sys::TEXTOID)?,
+            holder: col("holder", pg_sys::TEXTOID)?,
+            owner: col("owner", pg_sys::NAMEOID)?,
+            session_bound: col("session_bound", pg_sys::BOOLOID)?,
+            acquired_at: col("acquired_at", pg_sys::TIMESTAMPTZOID)?,
+            expires_at: col("expires_at", pg_sys::TIMESTAMPTZOID)?,
+            ended_at: col("ended_at", pg_sys::TIMESTAMPTZOID)?,
+            ended_by: col("ended_by", pg_sys::TEXTOID)?,
+            ended_by_role: col("ended_by_role", pg_sys::NAMEOID)?,
+        };
+        (live_columns(table) == 10).then_some(found)
+    }
+}
+
+/// How many columns `table` has that are not dropped (a dropped column's
+/// type is InvalidOid).
+fn live_columns(table: pg_sys::Oid) -> usize {
+    // SAFETY: the relation exists (looked up by the caller); closed at once.
+    let natts = unsafe {
+        let rel = pg_sys::RelationIdGetRelation(table);
+        if rel.is_null() {
+            return 0;
+        }
+        let natts = (*(*rel).rd_att).natts;
+        pg_sys::RelationClose(rel);
+        natts
+    };
+    // SAFETY: syscache lookups.
+    (1..=natts as i16).filter(|&a| unsafe { pg_sys::get_atttype(table, a) } != pg_sys::InvalidOid).count()
 }
 
 /// The extension's objects, looked up once per backend and forgotten on any
@@ -280,6 +337,7 @@ fn objects() -> Result<Objects, FlError> {
         table: history_table,
         by_ended_at: relid(nsp, c"lease_history_ended_at"),
         ended_at: column(history_table, "ended_at", pg_sys::TIMESTAMPTZOID).unwrap_or(0),
+        direct: HistoryColumns::of(history_table),
     });
     if history.is_some_and(|h| h.by_ended_at == pg_sys::InvalidOid || h.ended_at == 0) {
         return Err(catalog_mismatch("the lease history table does not have the shape this library writes"));
@@ -681,7 +739,7 @@ impl Store {
 
     /// Remove the record of `lease`, which ended as `ending` at `ended_at`
     /// (by `role`, for a release or force release), and write its history
-    /// row, in one statement.
+    /// row.
     pub fn end(
         &self,
         name: &str,
@@ -690,23 +748,35 @@ impl Store {
         ended_at: i64,
         role: Option<pg_sys::Oid>,
     ) -> Result<(), FlError> {
-        if !history_kept() {
-            return expect_one(self.spi.run(&DELETE, &[Some(lease.tid.datum())]), name);
-        }
-        let args = [
-            Some(lease.tid.datum()),
-            Some(Datum::from(lease.expires_at)),
-            Some(Datum::from(ended_at)),
-            Some(text_datum(ending.as_str())),
-            role.map(|r| name_datum(&role_name(r))),
-        ];
-        expect_one(self.spi.run(&DELETE_INTO_HISTORY, &args), name)
+        expect_one(self.spi.run(&DELETE, &[Some(lease.tid.datum())]), name)?;
+        self.record_end(lease, ending, ended_at, role);
+        Ok(())
     }
 
     /// Write the history row of `lease`, which ended as `ending` at
-    /// `ended_at` and whose record is about to be overwritten by a grant.
+    /// `ended_at` (its record is being deleted, or overwritten by a grant).
     pub fn record_end(&self, lease: &Lease, ending: Ending, ended_at: i64, role: Option<pg_sys::Oid>) {
         if !history_kept() {
+            return;
+        }
+        let history = self.objects.history.expect("current catalog");
+        if let Some(c) = history.direct {
+            let owner = name_datum(&role_name(lease.owner));
+            insert_row(
+                history.table,
+                &[
+                    (c.token, Some(Datum::from(lease.token))),
+                    (c.name, Some(text_datum(&lease.name))),
+                    (c.holder, lease.holder.as_deref().map(text_datum)),
+                    (c.owner, Some(owner)),
+                    (c.session_bound, Some(Datum::from(lease.session_bound))),
+                    (c.acquired_at, Some(Datum::from(lease.acquired_at))),
+                    (c.expires_at, Some(Datum::from(lease.expires_at))),
+                    (c.ended_at, Some(Datum::from(ended_at))),
+                    (c.ended_by, Some(text_datum(ending.as_str()))),
+                    (c.ended_by_role, role.map(|r| name_datum(&role_name(r)))),
+                ],
+            );
             return;
         }
         let args = [
@@ -752,6 +822,37 @@ impl Drop for Store {
             pg_sys::AtEOXact_GUC(false, self.guc_nest_level);
             pg_sys::SetUserIdAndSecContext(self.saved_user, self.saved_context);
         }
+    }
+}
+
+/// Insert one row into `table` (values by attribute number, `None` is NULL;
+/// columns not given are NULL), with its index entries, as PostgreSQL
+/// writes its own catalogs: no executor, so no triggers and no constraint
+/// checks beyond the unique indexes. The caller gives every NOT NULL column.
+fn insert_row(table: pg_sys::Oid, values: &[(i16, Option<Datum>)]) {
+    // SAFETY: `table` exists (looked up by `objects`, which any DDL on it
+    // invalidates); the arrays have one entry per attribute of its
+    // descriptor, and the datums are of the columns' types (checked by name
+    // and type in `objects`). RowExclusiveLock, as an INSERT takes, is kept
+    // until commit.
+    unsafe {
+        let rel = pg_sys::table_open(table, pg_sys::RowExclusiveLock as i32);
+        let desc = (*rel).rd_att;
+        let natts = (*desc).natts as usize;
+        let mut datums = vec![Datum::from(0); natts];
+        let mut nulls = vec![true; natts];
+        for &(attno, value) in values {
+            if let Some(d) = value {
+                datums[attno as usize - 1] = d;
+                nulls[attno as usize - 1] = false;
+            }
+        }
+        let tuple = pg_sys::heap_form_tuple(desc, datums.as_mut_ptr(), nulls.as_mut_ptr());
+        pg_sys::CatalogTupleInsert(rel, tuple);
+        pg_sys::heap_freetuple(tuple);
+        pg_sys::table_close(rel, pg_sys::NoLock as i32);
+        // Visible to the next statement and to later reads, as after SPI.
+        pg_sys::CommandCounterIncrement();
     }
 }
 
@@ -822,16 +923,6 @@ static EXTEND: Statement = Statement {
 static DELETE: Statement = Statement {
     sql: "DELETE FROM fenced_lock_internal.lease_records WHERE ctid OPERATOR(pg_catalog.=) $1",
     args: &[TID],
-};
-
-static DELETE_INTO_HISTORY: Statement = Statement {
-    sql: "WITH gone AS (DELETE FROM fenced_lock_internal.lease_records WHERE ctid OPERATOR(pg_catalog.=) $1 \
-                        RETURNING token, name, holder, owner, session_bound, acquired_at) \
-          INSERT INTO fenced_lock_internal.lease_history \
-          (token, name, holder, owner, session_bound, acquired_at, expires_at, ended_at, ended_by, ended_by_role) \
-          SELECT token, name, holder, pg_catalog.pg_get_userbyid(owner::pg_catalog.oid), session_bound, acquired_at, \
-                 $2, $3, $4, $5 FROM gone",
-    args: &[TID, TS, TS, T, NAME],
 };
 
 static HISTORY_INSERT: Statement = Statement {
