@@ -196,6 +196,44 @@ fn every_grant_opens_a_history_row_and_its_release_closes_it() {
     assert_eq!(role, Spi::get_one::<String>("SELECT current_user::text").unwrap());
 }
 
+/// The history row of `token`, read from the table itself:
+/// "holder|owner|session_bound|ended_by|ended_by_role|times in order".
+fn history_row(token: i64) -> Option<String> {
+    Spi::get_one::<String>(&format!(
+        "SELECT concat_ws('|', holder, owner = current_user, session_bound, ended_by, \
+                ended_by_role = current_user, acquired_at < expires_at AND acquired_at <= ended_at) \
+         FROM fenced_lock_internal.lease_history WHERE token = {token}"
+    ))
+    .expect("query failed")
+}
+
+#[pg_test]
+fn a_history_table_with_a_dropped_column_still_gets_whole_rows() {
+    // Rows are formed by attribute number: a dropped column in between
+    // must stay NULL and shift nothing.
+    Spi::run("ALTER TABLE fenced_lock_internal.lease_history ADD COLUMN gone int").unwrap();
+    Spi::run("ALTER TABLE fenced_lock_internal.lease_history DROP COLUMN gone").unwrap();
+    let t = one_i64("SELECT fenced_lock_try_acquire('hist:3', '1 minute', 'w')").unwrap();
+    assert!(fenced_release("hist:3", t));
+    assert_eq!(history_row(t).as_deref(), Some("w|t|f|release|t|t"));
+}
+
+#[pg_test]
+fn a_history_table_of_another_shape_is_written_by_insert() {
+    // A column this library does not know (a newer catalog, or an operator's
+    // addition): rows go through INSERT, which fills in its default.
+    Spi::run("ALTER TABLE fenced_lock_internal.lease_history ADD COLUMN note text NOT NULL DEFAULT 'kept'").unwrap();
+    let t = one_i64("SELECT fenced_lock_try_acquire('hist:4', '1 minute', 'w')").unwrap();
+    assert!(fenced_release("hist:4", t));
+    assert_eq!(history_row(t).as_deref(), Some("w|t|f|release|t|t"));
+    assert_eq!(
+        Spi::get_one::<String>(&format!("SELECT note FROM fenced_lock_internal.lease_history WHERE token = {t}"))
+            .unwrap()
+            .as_deref(),
+        Some("kept")
+    );
+}
+
 #[pg_test]
 fn no_ended_lease_is_kept_when_retention_is_zero() {
     Spi::run("SET fenced_lock.history_retention = 0").unwrap();
