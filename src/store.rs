@@ -147,46 +147,36 @@ struct HistoryObjects {
     by_ended_at: pg_sys::Oid,
     /// attnum of `ended_at`
     ended_at: i16,
-    /// Every column, when the table has exactly the columns this library
-    /// writes: rows are then formed and inserted directly. Otherwise (a
-    /// table of another shape) they go through an `INSERT`, which fills in
-    /// what this library does not know.
-    direct: Option<HistoryColumns>,
+    /// The attribute numbers of `HISTORY_COLUMNS`, when the table has
+    /// exactly those columns: rows are then formed and inserted directly.
+    /// Otherwise (a table of another shape) they go through an `INSERT`,
+    /// which fills in what this library does not know.
+    direct: Option<[i16; HISTORY_COLUMNS.len()]>,
 }
 
-/// Attribute numbers of the history table's columns.
-#[derive(Clone, Copy)]
-struct HistoryColumns {
-    token: i16,
-    name: i16,
-    holder: i16,
-    owner: i16,
-    session_bound: i16,
-    acquired_at: i16,
-    expires_at: i16,
-    ended_at: i16,
-    ended_by: i16,
-    ended_by_role: i16,
-}
+/// The history table's columns and their types, in the order of
+/// `HISTORY_INSERT`'s parameters (and of the values `record_end` builds).
+const HISTORY_COLUMNS: [(&str, pg_sys::Oid); 10] = [
+    ("token", I8),
+    ("name", T),
+    ("holder", T),
+    ("owner", NAME),
+    ("session_bound", B),
+    ("acquired_at", TS),
+    ("expires_at", TS),
+    ("ended_at", TS),
+    ("ended_by", T),
+    ("ended_by_role", NAME),
+];
 
-impl HistoryColumns {
-    /// The columns of `table`, if they are exactly these (by name and type).
-    fn of(table: pg_sys::Oid) -> Option<HistoryColumns> {
-        let col = |name: &str, typ| column(table, name, typ);
-        let found = HistoryColumns {
-            token: col("token", pg_sys::INT8OID)?,
-            name: col("name", pg_sys::TEXTOID)?,
-            holder: col("holder", pg_sys::TEXTOID)?,
-            owner: col("owner", pg_sys::NAMEOID)?,
-            session_bound: col("session_bound", pg_sys::BOOLOID)?,
-            acquired_at: col("acquired_at", pg_sys::TIMESTAMPTZOID)?,
-            expires_at: col("expires_at", pg_sys::TIMESTAMPTZOID)?,
-            ended_at: col("ended_at", pg_sys::TIMESTAMPTZOID)?,
-            ended_by: col("ended_by", pg_sys::TEXTOID)?,
-            ended_by_role: col("ended_by_role", pg_sys::NAMEOID)?,
-        };
-        (live_columns(table) == 10).then_some(found)
+/// The attribute numbers of `HISTORY_COLUMNS` in `table`, if it has exactly
+/// those columns (by name and type) and no others.
+fn history_columns(table: pg_sys::Oid) -> Option<[i16; HISTORY_COLUMNS.len()]> {
+    let mut found = [0; HISTORY_COLUMNS.len()];
+    for (attno, &(name, typ)) in found.iter_mut().zip(HISTORY_COLUMNS.iter()) {
+        *attno = column(table, name, typ)?;
     }
+    (live_columns(table) == HISTORY_COLUMNS.len()).then_some(found)
 }
 
 /// How many columns `table` has that are not dropped (a dropped column's
@@ -337,7 +327,7 @@ fn objects() -> Result<Objects, FlError> {
         table: history_table,
         by_ended_at: relid(nsp, c"lease_history_ended_at"),
         ended_at: column(history_table, "ended_at", pg_sys::TIMESTAMPTZOID).unwrap_or(0),
-        direct: HistoryColumns::of(history_table),
+        direct: history_columns(history_table),
     });
     if history.is_some_and(|h| h.by_ended_at == pg_sys::InvalidOid || h.ended_at == 0) {
         return Err(catalog_mismatch("the lease history table does not have the shape this library writes"));
@@ -759,27 +749,8 @@ impl Store {
         if !history_kept() {
             return;
         }
-        let history = self.objects.history.expect("current catalog");
-        if let Some(c) = history.direct {
-            let owner = name_datum(&role_name(lease.owner));
-            insert_row(
-                history.table,
-                &[
-                    (c.token, Some(Datum::from(lease.token))),
-                    (c.name, Some(text_datum(&lease.name))),
-                    (c.holder, lease.holder.as_deref().map(text_datum)),
-                    (c.owner, Some(owner)),
-                    (c.session_bound, Some(Datum::from(lease.session_bound))),
-                    (c.acquired_at, Some(Datum::from(lease.acquired_at))),
-                    (c.expires_at, Some(Datum::from(lease.expires_at))),
-                    (c.ended_at, Some(Datum::from(ended_at))),
-                    (c.ended_by, Some(text_datum(ending.as_str()))),
-                    (c.ended_by_role, role.map(|r| name_datum(&role_name(r)))),
-                ],
-            );
-            return;
-        }
-        let args = [
+        // In the order of HISTORY_COLUMNS.
+        let values = [
             Some(Datum::from(lease.token)),
             Some(text_datum(&lease.name)),
             lease.holder.as_deref().map(text_datum),
@@ -791,7 +762,13 @@ impl Store {
             Some(text_datum(ending.as_str())),
             role.map(|r| name_datum(&role_name(r))),
         ];
-        self.spi.run(&HISTORY_INSERT, &args);
+        let history = self.objects.history.expect("current catalog");
+        match history.direct {
+            Some(attnos) => insert_row(history.table, &attnos, &values),
+            None => {
+                self.spi.run(&HISTORY_INSERT, &values);
+            }
+        }
     }
 
     /// Up to `limit` names whose records expired before `before`.
@@ -825,11 +802,11 @@ impl Drop for Store {
     }
 }
 
-/// Insert one row into `table` (values by attribute number, `None` is NULL;
-/// columns not given are NULL), with its index entries, as PostgreSQL
+/// Insert one row into `table` (`values[i]` into attribute `attnos[i]`,
+/// `None` is NULL; columns not given are NULL), with its index entries, as PostgreSQL
 /// writes its own catalogs: no executor, so no triggers and no constraint
 /// checks beyond the unique indexes. The caller gives every NOT NULL column.
-fn insert_row(table: pg_sys::Oid, values: &[(i16, Option<Datum>)]) {
+fn insert_row(table: pg_sys::Oid, attnos: &[i16], values: &[Option<Datum>]) {
     // SAFETY: `table` exists (looked up by `objects`, which any DDL on it
     // invalidates); the arrays have one entry per attribute of its
     // descriptor, and the datums are of the columns' types (checked by name
@@ -841,7 +818,7 @@ fn insert_row(table: pg_sys::Oid, values: &[(i16, Option<Datum>)]) {
         let natts = (*desc).natts as usize;
         let mut datums = vec![Datum::from(0); natts];
         let mut nulls = vec![true; natts];
-        for &(attno, value) in values {
+        for (&attno, &value) in attnos.iter().zip(values) {
             if let Some(d) = value {
                 datums[attno as usize - 1] = d;
                 nulls[attno as usize - 1] = false;
@@ -929,7 +906,7 @@ static HISTORY_INSERT: Statement = Statement {
     sql: "INSERT INTO fenced_lock_internal.lease_history \
           (token, name, holder, owner, session_bound, acquired_at, expires_at, ended_at, ended_by, ended_by_role) \
           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-    args: &[I8, T, T, NAME, B, TS, TS, TS, T, NAME],
+    args: &[I8, T, T, NAME, B, TS, TS, TS, T, NAME], // HISTORY_COLUMNS' types
 };
 
 static HISTORY_PRUNE: Statement = Statement {
