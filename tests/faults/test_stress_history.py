@@ -92,11 +92,21 @@ while True:
                              "WHERE res = %s", (value + 1, token, res))
             say("wrote")
             if rnd.random() < 0.3:
-                # same session: same token, extended
+                # same session: same token, extended -- while the lease is
+                # live. Since the write it may have expired (ttl 0.8 s) or
+                # been force-released; then the history must say so, and
+                # the new token must be larger.
                 again = conn.execute("SELECT fenced_lock_acquire(%s, make_interval(secs => %s), '1 second', "
                                      "NULL, true)", (name, ttl)).fetchone()[0]
                 if again != token:
-                    say("unexpected", sqlstate=None, message=f"re-acquire returned {again}, not {token}")
+                    ended = conn.execute("SELECT ended_by FROM fenced_lock_history WHERE token = %s",
+                                         (token,)).fetchone()
+                    ended_by = ended[0] if ended else None
+                    if again is None or again < token or ended_by not in ("expiry", "force_release"):
+                        say("unexpected", sqlstate=None,
+                            message=f"re-acquire returned {again}, not {token} (which ended by {ended_by})")
+                    say("reacquired_after_end", ended_by=ended_by)
+                    token = again
         if rnd.random() < 0.5:
             conn.execute("SELECT fenced_lock_release(%s, %s)", (name, token))
             say("released")
