@@ -211,11 +211,15 @@ fn history_row(token: i64) -> Option<String> {
 fn a_history_table_with_a_dropped_column_still_gets_whole_rows() {
     // Rows are formed by attribute number: a dropped column in between
     // must stay NULL and shift nothing.
+    let t = one_i64("SELECT fenced_lock_try_acquire('hist:6', '1 minute', 'w')").unwrap();
+    assert!(fenced_release("hist:6", t));
+    assert!(crate::store::history_inserted_directly(), "the installed history table is written directly");
     Spi::run("ALTER TABLE fenced_lock_internal.lease_history ADD COLUMN gone int").unwrap();
     Spi::run("ALTER TABLE fenced_lock_internal.lease_history DROP COLUMN gone").unwrap();
     let t = one_i64("SELECT fenced_lock_try_acquire('hist:3', '1 minute', 'w')").unwrap();
     assert!(fenced_release("hist:3", t));
     assert_eq!(history_row(t).as_deref(), Some("w|t|f|release|t|t"));
+    assert!(crate::store::history_inserted_directly());
 }
 
 #[pg_test]
@@ -226,11 +230,47 @@ fn a_history_table_of_another_shape_is_written_by_insert() {
     let t = one_i64("SELECT fenced_lock_try_acquire('hist:4', '1 minute', 'w')").unwrap();
     assert!(fenced_release("hist:4", t));
     assert_eq!(history_row(t).as_deref(), Some("w|t|f|release|t|t"));
+    assert!(!crate::store::history_inserted_directly());
     assert_eq!(
         Spi::get_one::<String>(&format!("SELECT note FROM fenced_lock_internal.lease_history WHERE token = {t}"))
             .unwrap()
             .as_deref(),
         Some("kept")
+    );
+}
+
+#[pg_test]
+fn a_history_table_with_an_operators_indexes_and_trigger_is_written_by_insert() {
+    // Rows inserted without the executor would skip the trigger and could not
+    // maintain an expression or partial index: such a table gets INSERTs.
+    Spi::run(
+        "CREATE TABLE public.hist_seen (token bigint); \
+         CREATE FUNCTION public.hist_seen() RETURNS trigger LANGUAGE plpgsql AS \
+           $$ BEGIN INSERT INTO public.hist_seen VALUES (NEW.token); RETURN NEW; END $$; \
+         CREATE TRIGGER seen AFTER INSERT ON fenced_lock_internal.lease_history \
+           FOR EACH ROW EXECUTE FUNCTION public.hist_seen(); \
+         CREATE INDEX hist_by_holder ON fenced_lock_internal.lease_history (lower(holder)); \
+         CREATE INDEX hist_released ON fenced_lock_internal.lease_history (name) \
+           WHERE ended_by = 'release'",
+    )
+    .unwrap();
+    let t = one_i64("SELECT fenced_lock_try_acquire('hist:5', '1 minute', 'W')").unwrap();
+    assert!(fenced_release("hist:5", t));
+    assert!(!crate::store::history_inserted_directly());
+    assert_eq!(history_row(t).as_deref(), Some("W|t|f|release|t|t"));
+    assert_eq!(one_i64(&format!("SELECT count(*) FROM public.hist_seen WHERE token = {t}")), Some(1));
+    // Both indexes hold the row, and only where they should.
+    Spi::run("SET LOCAL enable_seqscan = off").unwrap();
+    assert_eq!(
+        one_i64("SELECT token FROM fenced_lock_internal.lease_history WHERE lower(holder) = 'w'"),
+        Some(t)
+    );
+    assert_eq!(
+        one_i64(
+            "SELECT token FROM fenced_lock_internal.lease_history \
+             WHERE name = 'hist:5' AND ended_by = 'release'"
+        ),
+        Some(t)
     );
 }
 

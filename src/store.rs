@@ -148,9 +148,10 @@ struct HistoryObjects {
     /// attnum of `ended_at`
     ended_at: i16,
     /// The attribute numbers of `HISTORY_COLUMNS`, when the table has
-    /// exactly those columns: rows are then formed and inserted directly.
-    /// Otherwise (a table of another shape) they go through an `INSERT`,
-    /// which fills in what this library does not know.
+    /// exactly those columns and nothing `insert_row` would skip: rows are
+    /// then formed and inserted directly. Otherwise (a table of another
+    /// shape, or an operator's trigger or index on it) they go through an
+    /// `INSERT`, which does what this library does not know.
     direct: Option<[i16; HISTORY_COLUMNS.len()]>,
 }
 
@@ -177,6 +178,51 @@ fn history_columns(table: pg_sys::Oid) -> Option<[i16; HISTORY_COLUMNS.len()]> {
         *attno = column(table, name, typ)?;
     }
     (live_columns(table) == HISTORY_COLUMNS.len()).then_some(found)
+}
+
+/// Can `insert_row` put rows into `table` with nothing skipped? It runs no
+/// executor, so: a plain table without triggers, rules, CHECK constraints or
+/// row security, whose indexes (all maintained by `CatalogTupleInsert`) are
+/// on plain columns, without a predicate, an exclusion constraint or a
+/// deferred check. An expression index would crash it; a partial index
+/// would get entries for rows outside its predicate.
+fn inserted_plainly(table: pg_sys::Oid) -> bool {
+    // SAFETY: relcache lookups, each closed at once; the index list is a
+    // list of OIDs (array-based in every supported major) freed here.
+    unsafe {
+        let rel = pg_sys::RelationIdGetRelation(table);
+        if rel.is_null() {
+            return false;
+        }
+        let class = &*(*rel).rd_rel;
+        let constr = (*(*rel).rd_att).constr;
+        let mut plain = class.relkind == pg_sys::RELKIND_RELATION as std::ffi::c_char
+            && !class.relhastriggers
+            && !class.relhasrules
+            && !class.relrowsecurity
+            && (constr.is_null() || (*constr).num_check == 0);
+        if plain {
+            let indexes = pg_sys::RelationGetIndexList(rel);
+            if !indexes.is_null() {
+                for cell in std::slice::from_raw_parts((*indexes).elements, (*indexes).length as usize) {
+                    let index = pg_sys::RelationIdGetRelation(cell.oid_value);
+                    if index.is_null() {
+                        plain = false;
+                        break;
+                    }
+                    let form = &*(*index).rd_index;
+                    plain &= !form.indisexclusion
+                        && form.indimmediate
+                        && pg_sys::RelationGetIndexExpressions(index).is_null()
+                        && pg_sys::RelationGetIndexPredicate(index).is_null();
+                    pg_sys::RelationClose(index);
+                }
+                pg_sys::list_free(indexes);
+            }
+        }
+        pg_sys::RelationClose(rel);
+        plain
+    }
 }
 
 /// How many columns `table` has that are not dropped (a dropped column's
@@ -327,7 +373,7 @@ fn objects() -> Result<Objects, FlError> {
         table: history_table,
         by_ended_at: relid(nsp, c"lease_history_ended_at"),
         ended_at: column(history_table, "ended_at", pg_sys::TIMESTAMPTZOID).unwrap_or(0),
-        direct: history_columns(history_table),
+        direct: history_columns(history_table).filter(|_| inserted_plainly(history_table)),
     });
     if history.is_some_and(|h| h.by_ended_at == pg_sys::InvalidOid || h.ended_at == 0) {
         return Err(catalog_mismatch("the lease history table does not have the shape this library writes"));
@@ -805,7 +851,8 @@ impl Drop for Store {
 /// Insert one row into `table` (`values[i]` into attribute `attnos[i]`,
 /// `None` is NULL; columns not given are NULL), with its index entries, as PostgreSQL
 /// writes its own catalogs: no executor, so no triggers and no constraint
-/// checks beyond the unique indexes. The caller gives every NOT NULL column.
+/// checks beyond the unique indexes. The caller gives every NOT NULL column
+/// and has made sure with `inserted_plainly` that nothing is skipped.
 fn insert_row(table: pg_sys::Oid, attnos: &[i16], values: &[Option<Datum>]) {
     // SAFETY: `table` exists (looked up by `objects`, which any DDL on it
     // invalidates); the arrays have one entry per attribute of its
@@ -831,6 +878,12 @@ fn insert_row(table: pg_sys::Oid, attnos: &[i16], values: &[Option<Datum>]) {
         // Visible to the next statement and to later reads, as after SPI.
         pg_sys::CommandCounterIncrement();
     }
+}
+
+/// Are history rows formed and inserted directly (not by `INSERT`)?
+#[cfg(any(test, feature = "pg_test"))]
+pub(crate) fn history_inserted_directly() -> bool {
+    objects().ok().and_then(|o| o.history).is_some_and(|h| h.direct.is_some())
 }
 
 /// Is the history of ended leases kept (`fenced_lock.history_retention` > 0)?
