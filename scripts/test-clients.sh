@@ -25,7 +25,9 @@ for lang in $LANGS; do
   if ! bash "clients/$lang/test.sh"; then failed+=("$lang"); fi
   echo "== clients/$lang took $(( $(date +%s) - start )) s"
 done
-echo "== conformance examples: $LANGS"
-$PYTHON -m pytest -q -p no:cacheprovider tests/clients || failed+=(conformance)
+if ls tests/clients/test_*.py >/dev/null 2>&1; then
+  echo "== conformance examples: $LANGS"
+  $PYTHON -m pytest -q -p no:cacheprovider tests/clients || failed+=(conformance)
+fi
 if [ ${#failed[@]} -gt 0 ]; then echo "client suites failed: ${failed[*]}" >&2; exit 1; fi
 echo "client suites passed: $LANGS"
