@@ -6,12 +6,12 @@ use crate::args::{check_holder, check_name, check_token, check_ttl, check_wait, 
 use crate::datum::interval_text;
 use crate::errors::FlError;
 use crate::fmgr::{
-    arg_bool, arg_datum, arg_i64, arg_interval, arg_text, return_bool, return_i64, return_null, sql_function,
+    arg_bool, arg_i64, arg_interval, arg_text, return_bool, return_i64, return_null, sql_function,
 };
 use crate::lease::{self, AcquireRequest};
-use crate::settings::{check_operator, is_operator, max_ttl_seconds};
-use crate::store::current_role;
-use crate::token::check_writable;
+use crate::roles::{check_operator, current_role};
+use crate::settings::max_ttl_seconds;
+use crate::xact::check_writable;
 use pgrx::pg_sys;
 use pgrx::pg_sys::Datum;
 
@@ -208,41 +208,3 @@ unsafe fn guard(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
     unsafe { crate::guard::fire(fcinfo) }
 }
 sql_function!(fl_guard, pg_finfo_fl_guard, guard);
-
-/// For the views: may the current role see token and holder of a lease owned
-/// by `owner` (argument 0, regrole)? Its owner's members and operators may.
-unsafe fn may_see(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
-    // SAFETY: (owner regrole)
-    let owner = unsafe { arg_datum(fcinfo, 0) }.map(|o| pg_sys::Oid::from(o.value() as u32));
-    Ok(return_bool(may_see_role(owner)))
-}
-sql_function!(fl_may_see, pg_finfo_fl_may_see, may_see);
-
-/// The same for a role given by name, as the history keeps it (argument 0, name).
-unsafe fn may_see_name(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
-    // SAFETY: (owner name): a NameData pointer when not NULL.
-    let owner = unsafe { arg_datum(fcinfo, 0) }.and_then(|d| {
-        // SAFETY: get_role_oid reads the NUL-terminated name; missing_ok.
-        let oid = unsafe { pg_sys::get_role_oid(d.cast_mut_ptr::<std::ffi::c_char>(), true) };
-        (oid != pg_sys::InvalidOid).then_some(oid)
-    });
-    Ok(return_bool(may_see_role(owner)))
-}
-sql_function!(fl_may_see_name, pg_finfo_fl_may_see_name, may_see_name);
-
-fn may_see_role(owner: Option<pg_sys::Oid>) -> bool {
-    let me = current_role();
-    owner.is_some_and(|o| crate::store::acts_for(me, o)) || is_operator(me)
-}
-
-/// For `fenced_lock_leases.live`: is the session of session-bound lease
-/// `token` (argument 0) still there?
-unsafe fn session_alive(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
-    // SAFETY: (token bigint)
-    match unsafe { arg_i64(fcinfo, 0) } {
-        Some(token) => Ok(return_bool(crate::session::token_alive(token))),
-        // SAFETY: valid fcinfo.
-        None => Ok(unsafe { return_null(fcinfo) }),
-    }
-}
-sql_function!(fl_session_alive, pg_finfo_fl_session_alive, session_alive);

@@ -98,22 +98,6 @@ fn decide(m: Marks, wal_end_now: u64) -> Commit {
     }
 }
 
-fn set_synchronous_commit(value: &std::ffi::CStr) {
-    // SAFETY: inside a transaction; GUC_ACTION_LOCAL reverts at transaction end.
-    unsafe {
-        pg_sys::set_config_option(
-            c"synchronous_commit".as_ptr(),
-            value.as_ptr(),
-            pg_sys::GucContext::PGC_USERSET,
-            pg_sys::GucSource::PGC_S_SESSION,
-            pg_sys::GucAction::GUC_ACTION_LOCAL,
-            true,
-            0,
-            false,
-        );
-    }
-}
-
 /// Pre-commit: set this commit's durability.
 pub fn at_pre_commit() {
     let marks = MARKS.with(|m| m.get());
@@ -122,10 +106,10 @@ pub fn at_pre_commit() {
             // SAFETY: reading a GUC variable of this backend.
             let level = unsafe { pg_sys::synchronous_commit };
             if level < pg_sys::SyncCommitLevel::SYNCHRONOUS_COMMIT_REMOTE_WRITE as i32 {
-                set_synchronous_commit(c"on");
+                crate::guc_scope::set_for_transaction(c"synchronous_commit", c"on");
             }
         }
-        Commit::Async => set_synchronous_commit(c"off"),
+        Commit::Async => crate::guc_scope::set_for_transaction(c"synchronous_commit", c"off"),
         Commit::AsAsked => {}
     }
 }

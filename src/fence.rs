@@ -7,11 +7,12 @@
 //! check accepted has committed or aborted; writes of one holder share the
 //! lock and never wait for each other.
 
+use crate::clock::now;
 use crate::compat;
 use crate::errors::{quote_name, quoted_in_full, sql_literal, sqlstate, token_text, FlError};
 use crate::lease::{live_token, state_of};
 use crate::locktags::{LockTag, Mode};
-use crate::store::{now, read};
+use crate::store::{read, write_generation};
 use pgrx::pg_sys;
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -43,35 +44,59 @@ pub fn check(name: &str, token: i64) -> Result<(), FlError> {
     }
 }
 
-/// Leases this transaction has checked, so that a statement writing many
-/// rows under one lock reads its record once. Such an entry stays right for
-/// as long as the transaction keeps the name lock it took for the check: no
-/// other backend can change the record meanwhile. It is forgotten when this
-/// backend changes a lease itself (`forget_checks`), when a subtransaction
-/// rolls back (which may give the lock back), and when the transaction ends
-/// (entries carry its local id). The clock and the session are still looked
-/// at every time.
-struct Checked {
+/// A map kept for one transaction only: it empties itself when it is used
+/// in another transaction than the one that filled it (told apart by the
+/// local transaction id). A pooled connection's next transaction starts
+/// empty.
+struct PerTransaction<T> {
     lxid: pg_sys::LocalTransactionId,
-    leases: HashMap<String, CheckedLease>,
+    entries: HashMap<String, T>,
 }
 
+impl<T> PerTransaction<T> {
+    fn new() -> Self {
+        PerTransaction { lxid: 0, entries: HashMap::new() }
+    }
+
+    /// The entries of the current transaction.
+    fn current(&mut self) -> &mut HashMap<String, T> {
+        let lxid = compat::current_lxid();
+        if self.lxid != lxid {
+            self.lxid = lxid;
+            self.entries.clear();
+        }
+        &mut self.entries
+    }
+}
+
+/// A lease this transaction has checked, so that a statement writing many
+/// rows under one lock reads its record once. Such an entry stays right for
+/// as long as the transaction keeps the name lock it took for the check: no
+/// other backend can change the record meanwhile. It is not trusted once
+/// this backend has opened a write session itself (`write_generation`
+/// moved), and it is forgotten when a subtransaction rolls back (which may
+/// give the lock back) and when the transaction ends. The clock and the
+/// session are still looked at every time.
 struct CheckedLease {
     token: i64,
     expires_at: i64,
     session_bound: bool,
+    write_generation: u64,
 }
 
 thread_local! {
-    static CHECKED: RefCell<Checked> = RefCell::new(Checked { lxid: 0, leases: HashMap::new() });
+    static CHECKED: RefCell<PerTransaction<CheckedLease>> = RefCell::new(PerTransaction::new());
+    /// Names asserted in the current transaction, with the token asserted.
+    static ASSERTED: RefCell<PerTransaction<i64>> = RefCell::new(PerTransaction::new());
 }
 
 fn checked_before(name: &str, token: i64) -> bool {
-    let lxid = compat::current_lxid();
     let hit = CHECKED.with(|c| {
-        let c = c.borrow();
-        match c.leases.get(name) {
-            Some(l) if c.lxid == lxid && l.token == token => Some((l.expires_at, l.session_bound)),
+        let mut c = c.borrow_mut();
+        match c.current().get(name) {
+            Some(l) if l.token == token && l.write_generation == write_generation() => {
+                Some((l.expires_at, l.session_bound))
+            }
             _ => None,
         }
     });
@@ -84,21 +109,18 @@ fn checked_before(name: &str, token: i64) -> bool {
 }
 
 fn remember_check(name: &str, token: i64, expires_at: i64, session_bound: bool) {
-    let lxid = compat::current_lxid();
+    let write_generation = write_generation();
     CHECKED.with(|c| {
-        let mut c = c.borrow_mut();
-        if c.lxid != lxid {
-            c.lxid = lxid;
-            c.leases.clear();
-        }
-        c.leases.insert(name.to_string(), CheckedLease { token, expires_at, session_bound });
+        c.borrow_mut()
+            .current()
+            .insert(name.to_string(), CheckedLease { token, expires_at, session_bound, write_generation })
     });
 }
 
-/// This backend is about to change a lease, or a subtransaction rolled back:
-/// nothing checked before may be relied on.
-pub fn forget_checks() {
-    CHECKED.with(|c| c.borrow_mut().leases.clear());
+/// A subtransaction rolled back: it may have given back name locks that
+/// remembered checks relied on.
+pub fn at_subtransaction_abort() {
+    CHECKED.with(|c| c.borrow_mut().entries.clear());
 }
 
 /// `fenced_lock_assert`: the check, remembered for this transaction so that
@@ -125,40 +147,13 @@ pub fn delete_without_assert(name: &str, what: &str) -> FlError {
     .hint(format!("Call {call} in the same transaction first."))
 }
 
-/// Names asserted in the current transaction (by local transaction id), with
-/// the token asserted. Only transaction-scoped: a pooled connection's next
-/// transaction starts empty.
-struct Asserted {
-    lxid: pg_sys::LocalTransactionId,
-    names: HashMap<String, i64>,
-}
-
-thread_local! {
-    static ASSERTED: RefCell<Asserted> = RefCell::new(Asserted { lxid: 0, names: HashMap::new() });
-}
-
 fn remember_assert(name: &str, token: i64) {
-    let lxid = compat::current_lxid();
-    ASSERTED.with(|a| {
-        let mut a = a.borrow_mut();
-        if a.lxid != lxid {
-            a.lxid = lxid;
-            a.names.clear();
-        }
-        a.names.insert(name.to_string(), token);
-    });
+    ASSERTED.with(|a| a.borrow_mut().current().insert(name.to_string(), token));
 }
 
 /// The token this transaction asserted for `name`, if it did.
 pub fn asserted_token(name: &str) -> Option<i64> {
-    let lxid = compat::current_lxid();
-    ASSERTED.with(|a| {
-        let a = a.borrow();
-        if a.lxid != lxid {
-            return None;
-        }
-        a.names.get(name).copied()
-    })
+    ASSERTED.with(|a| a.borrow_mut().current().get(name).copied())
 }
 
 #[cfg(test)]

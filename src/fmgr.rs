@@ -29,8 +29,8 @@ macro_rules! sql_function {
         pub unsafe extern "C-unwind" fn $name(
             fcinfo: ::pgrx::pg_sys::FunctionCallInfo,
         ) -> ::pgrx::pg_sys::Datum {
-            // SAFETY: PostgreSQL calls us with a valid fcinfo on its main thread.
             let outcome: Result<::pgrx::pg_sys::Datum, $crate::errors::FlError> =
+                // SAFETY: PostgreSQL calls us with a valid fcinfo on its main thread.
                 unsafe { ::pgrx::pg_sys::panic::pgrx_extern_c_guard(|| $body(fcinfo)) };
             match outcome {
                 Ok(datum) => datum,
@@ -63,6 +63,8 @@ pub unsafe fn raise(error: FlError) -> ! {
     let code = encode_sqlstate(error.sqlstate);
     // Copy the texts into palloc'd memory in ErrorContext, then drop every
     // Rust allocation before jumping.
+    // SAFETY: ErrorContext exists in every backend; the previous context is
+    // restored before the block ends.
     let (message, detail, hint) = unsafe {
         let old = pg_sys::MemoryContextSwitchTo(pg_sys::ErrorContext);
         let to_pg = |s: &str| -> *const c_char {

@@ -28,6 +28,7 @@
 
 use crate::errors::{quote_name, sqlstate, token_text, FlError, MAX_NAME_BYTES};
 use crate::fence;
+use crate::guc_scope::GucScope;
 use crate::template::Template;
 use pgrx::pg_sys;
 use pgrx::pg_sys::Datum;
@@ -46,13 +47,12 @@ thread_local! {
     static GUARDS: RefCell<HashMap<(pg_sys::Oid, pg_sys::Oid), Rc<Guard>>> = RefCell::new(HashMap::new());
 }
 
+/// From `_PG_init`.
 pub fn register() {
-    // SAFETY: called once from _PG_init.
-    unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(forget_guards), Datum::from(0)) };
+    crate::relcache::on_invalidation(forget_guards);
 }
 
-#[pgrx::pg_guard]
-unsafe extern "C-unwind" fn forget_guards(_arg: Datum, relid: pg_sys::Oid) {
+fn forget_guards(relid: pg_sys::Oid) {
     GUARDS.with(|g| {
         let mut g = g.borrow_mut();
         if relid == pg_sys::InvalidOid {
@@ -342,41 +342,13 @@ const CANONICAL_SETTINGS: [(&std::ffi::CStr, &std::ffi::CStr); 7] = [
     (c"search_path", c""),
 ];
 
-struct CanonicalOutput {
-    nest_level: i32,
-}
-
-impl CanonicalOutput {
-    fn enter() -> CanonicalOutput {
-        // SAFETY: a GUC nest level like a function's SET clause; every value
-        // is valid for a USERSET parameter.
-        unsafe {
-            let nest_level = pg_sys::NewGUCNestLevel();
-            for (name, value) in CANONICAL_SETTINGS {
-                pg_sys::set_config_option(
-                    name.as_ptr(),
-                    value.as_ptr(),
-                    pg_sys::GucContext::PGC_USERSET,
-                    pg_sys::GucSource::PGC_S_SESSION,
-                    pg_sys::GucAction::GUC_ACTION_SAVE,
-                    true,
-                    0,
-                    false,
-                );
-            }
-            CanonicalOutput { nest_level }
-        }
+/// Enter the canonical settings; they are restored when the scope drops.
+fn canonical_output() -> GucScope {
+    let scope = GucScope::enter();
+    for (name, value) in CANONICAL_SETTINGS {
+        scope.set(name, value);
     }
-}
-
-impl Drop for CanonicalOutput {
-    fn drop(&mut self) {
-        // On an error the transaction's abort restores the settings.
-        if !std::thread::panicking() {
-            // SAFETY: pops the nest level pushed in `enter`.
-            unsafe { pg_sys::AtEOXact_GUC(true, self.nest_level) };
-        }
-    }
+    scope
 }
 
 /// The attribute number of user column `name`, if it exists (not dropped,
@@ -398,7 +370,7 @@ impl Guard {
         if let Some(name) = &self.fixed_name {
             return Ok(name.clone());
         }
-        let settings = self.canonical.then(CanonicalOutput::enter);
+        let settings = self.canonical.then(canonical_output);
         let name = self.template.render(
             // SAFETY: each attnum is a user column of tupdesc, of the type
             // its Render was chosen for.

@@ -2,34 +2,43 @@
 //! makes PostgreSQL itself reject writes from a holder that lost its lease.
 //! The design, its invariants and its lock protocol: docs/design.md.
 //!
-//! Where things live:
-//! - `lease`      the lease state machine: acquire, renew, release, expiry, session end
-//! - `fence`      the one check shared by the guard and `fenced_lock_assert`
-//! - `guard`      the `fenced_lock_guard()` trigger
-//! - `template`   lock-name templates (`inventory:{item_id}`)
-//! - `waiting`    `fenced_lock_acquire`: FIFO waiting without polling
-//! - `session`    session-bound leases
-//! - `store`      the private lease and history tables, accessed as their owner
-//! - `locktags`   the heavyweight locks that order everything on a name
-//! - `token`      the token sequence and its failover epoch
-//! - `durability` how durable the commit of each lease change is
-//! - `registry`   the shared waiter registry behind `fenced_lock_waiters`
-//! - `stats`      counters behind `fenced_lock_stats`
-//! - `notify`     `NOTIFY fenced_lock` on every committed change
-//! - `xact`       transaction-end callbacks
-//! - `errors`     the error type and SQLSTATEs; `args` argument checks
-//! - `settings`   the `fenced_lock.*` GUCs
-//! - `compat`     every difference between PostgreSQL majors
-//! - `api`, `views`, `fmgr`, `datum`, `spi`: the SQL boundary
+//! The house, top floor first. A module imports only from floors below its
+//! own, never from its own floor or above, so nothing calls back up (and
+//! `docs/design.md`, "The code", keeps the same map):
+//!
+//! 9. `lib` (this file: `_PG_init`, the transaction-end dispatch) and `api`
+//!    (the SQL functions).
+//! 8. `guard`: the `fenced_lock_guard()` trigger.
+//! 7. `waiting` (`fenced_lock_acquire`: FIFO waiting without polling) and
+//!    `fence` (the one check shared by the guard and `fenced_lock_assert`).
+//! 6. `lease` (the state machine: every transition and its one exit, session
+//!    end included; `lease/decide.rs` the pure decisions) and `views` (what
+//!    the views call).
+//! 5. `session`: the leases bound to this session and their session locks.
+//! 4. `store` (the private tables: `catalog`, `records`, `history`, `heap`,
+//!    and `writer`, the owner's write session) and `fmgr` (entering and
+//!    leaving a C function, raising our SQLSTATEs).
+//! 3. `token` (the token sequence and its failover epoch), `stats`
+//!    (counters), `notify` (`NOTIFY fenced_lock`), `registry` (the shared
+//!    waiter registry), `roles` (who may do what), `datum` (datums).
+//! 2. `durability` (how durable a commit is), `settings` (the
+//!    `fenced_lock.*` GUCs), `locktags` (the heavyweight locks), `xact`
+//!    (transaction helpers), `args` (argument checks).
+//! 1. `errors` (the error type and SQLSTATEs), `template` (lock-name
+//!    templates), `compat` (every difference between majors), `spi`,
+//!    `guc_scope` (PostgreSQL settings for a scope), `relcache` (the one
+//!    relcache callback), `clock`.
 //!
 //! SQL objects: `sql/fenced_lock.sql` (install) and `sql/fenced_lock--*--*.sql` (updates).
 
+use pgrx::pg_sys;
 use pgrx::prelude::*;
 
 pgrx::pg_module_magic!();
 
 mod api;
 mod args;
+mod clock;
 mod compat;
 mod datum;
 mod durability;
@@ -37,10 +46,13 @@ mod errors;
 mod fence;
 mod fmgr;
 mod guard;
+mod guc_scope;
 mod lease;
 mod locktags;
 mod notify;
 mod registry;
+mod relcache;
+mod roles;
 mod session;
 mod settings;
 mod spi;
@@ -58,9 +70,65 @@ extension_sql_file!("../sql/fenced_lock.sql", name = "fenced_lock_objects", boot
 pub extern "C-unwind" fn _PG_init() {
     settings::register();
     stats::register();
-    xact::register();
     store::register();
     guard::register();
+    // SAFETY: called once, from _PG_init.
+    unsafe {
+        pg_sys::RegisterXactCallback(Some(on_xact_event), std::ptr::null_mut());
+        pg_sys::RegisterSubXactCallback(Some(on_subxact_event), std::ptr::null_mut());
+    }
+}
+
+/// Transaction end, for every module that keeps something per transaction.
+///
+/// The order matters, as in PostgreSQL's own `CommitTransaction`:
+/// 1. `durability` first, at pre-commit, while settings can still change
+///    how this very commit is flushed; at the end it forgets its marks
+///    before anything else can start a new lease change.
+/// 2. `session` next: on commit it gives back the session locks of leases
+///    that ended, on abort those of grants rolled back, so that the lock
+///    table agrees with the records before anyone counts or looks.
+/// 3. `stats` adds what committed (a rolled-back grant never happened).
+/// 4. `registry` last, on abort only: a waiter whose wait ended in an error
+///    leaves the waiter view (a granted waiter left it already).
+#[pg_guard]
+unsafe extern "C-unwind" fn on_xact_event(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
+    match event {
+        pg_sys::XactEvent::XACT_EVENT_PRE_COMMIT => durability::at_pre_commit(),
+        pg_sys::XactEvent::XACT_EVENT_COMMIT | pg_sys::XactEvent::XACT_EVENT_PREPARE => {
+            durability::at_transaction_end();
+            session::at_transaction_end(true);
+            stats::at_transaction_end(true);
+        }
+        pg_sys::XactEvent::XACT_EVENT_ABORT => {
+            durability::at_transaction_end();
+            session::at_transaction_end(false);
+            stats::at_transaction_end(false);
+            registry::leave();
+        }
+        pg_sys::XactEvent::XACT_EVENT_PARALLEL_COMMIT | pg_sys::XactEvent::XACT_EVENT_PARALLEL_ABORT => {
+            durability::at_transaction_end();
+        }
+        _ => {}
+    }
+}
+
+/// Subtransaction abort: what it did is undone, so each module drops what it
+/// noted inside it, in the same order as at transaction end (the fence's
+/// remembered checks first: the name locks they relied on may be gone).
+#[pg_guard]
+unsafe extern "C-unwind" fn on_subxact_event(
+    event: pg_sys::SubXactEvent::Type,
+    my_subid: pg_sys::SubTransactionId,
+    _parent_subid: pg_sys::SubTransactionId,
+    _arg: *mut std::ffi::c_void,
+) {
+    if event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB {
+        fence::at_subtransaction_abort();
+        session::at_subtransaction_abort(my_subid);
+        stats::at_subtransaction_abort(my_subid);
+        registry::leave();
+    }
 }
 
 #[cfg(test)]
@@ -111,10 +179,7 @@ mod docs_tests {
 }
 
 #[cfg(any(test, feature = "pg_test"))]
-#[pg_schema]
-mod tests {
-    include!("pg_tests.rs");
-}
+mod pg_tests;
 
 /// Required by `cargo pgrx test`.
 #[cfg(test)]

@@ -345,6 +345,7 @@ mod tests {
 
     #[test]
     fn a_slot_is_large_enough_for_the_longest_name_and_holder() {
+        // SAFETY: a Slot is plain integers and byte arrays: all zeroes is a valid (empty) slot.
         let mut s: Slot = unsafe { std::mem::zeroed() };
         s.stage = Stage::Queued as u32;
         s.name_len = NAME_CAP as u32;

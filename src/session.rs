@@ -9,17 +9,16 @@
 //! without waiting: anyone else can take it in shared mode exactly when the
 //! session is gone.
 //!
-//! On a clean end (disconnect, client killed, `pg_terminate_backend`) a
-//! callback run by the exiting backend ends its leases in one last
-//! transaction (history `session_end`, NOTIFY), gives the locks back and wakes
-//! each name's head waiter, so the next holder is served within milliseconds.
-//! A backend that crashes takes the whole server through recovery, and the
-//! probe finds the lock gone afterwards.
+//! This file keeps the session's own bookkeeping: which leases are bound to
+//! it, and when their locks go. Ending the leases of a session that exits
+//! cleanly is a lease transition, in `lease.rs` (which arms the exit hook at
+//! the first session-bound grant). A backend that crashes takes the whole
+//! server through recovery, and the probe finds the lock gone afterwards.
 
 use crate::locktags::{LockTag, Mode};
 use crate::store::Lease;
 use pgrx::pg_sys;
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 
 thread_local! {
@@ -31,7 +30,6 @@ thread_local! {
     /// Leases of this session ended in the current transaction (their locks
     /// are given back at commit, unless the subtransaction rolls back).
     static ENDED: RefCell<Vec<(i64, pg_sys::SubTransactionId)>> = const { RefCell::new(Vec::new()) };
-    static EXIT_HOOKED: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Is the session `lease` is bound to still there? Always true for a lease
@@ -60,7 +58,6 @@ pub fn mine(lease: &Lease) -> bool {
 /// this session. The lock is taken before the grant commits, so nobody can
 /// see the lease without its session lock.
 pub fn bind(name: &str, token: i64) {
-    hook_exit();
     LockTag::session(token).lock_for_session(Mode::Exclusive);
     TAKEN.with(|t| t.borrow_mut().push((token, crate::xact::current_subid())));
     BOUND.with(|b| b.borrow_mut().insert(token, name.to_string()));
@@ -89,10 +86,7 @@ pub fn at_subtransaction_abort(subid: pg_sys::SubTransactionId) {
 
 fn unbind(tokens: impl Iterator<Item = i64>) {
     for token in tokens {
-        let tag = LockTag::session(token);
-        if tag.held_by_me(Mode::Exclusive) {
-            tag.unlock_for_session(Mode::Exclusive);
-        }
+        let_go(token);
         BOUND.with(|b| b.borrow_mut().remove(&token));
     }
 }
@@ -106,29 +100,16 @@ pub fn at_transaction_end(committed: bool) {
     unbind(gone.into_iter().map(|(token, _)| token));
 }
 
-fn hook_exit() {
-    if !EXIT_HOOKED.with(|h| h.replace(true)) {
-        // SAFETY: registered from a backend after InitPostgres, so it runs
-        // before ShutdownPostgres releases our locks and ends the transaction.
-        unsafe { pg_sys::before_shmem_exit(Some(at_session_end), pg_sys::Datum::from(0)) };
-    }
+/// The session is ending: the leases still bound to it (token, name), which
+/// are forgotten here. Their locks stay until `let_go` (or the exit).
+pub fn take_bound() -> Vec<(i64, String)> {
+    BOUND.with(|b| std::mem::take(&mut *b.borrow_mut()).into_iter().collect())
 }
 
-/// The session is ending: end its leases now, so that their names are free
-/// at once rather than at the next probe.
-#[pgrx::pg_guard]
-unsafe extern "C-unwind" fn at_session_end(_code: std::ffi::c_int, _arg: pg_sys::Datum) {
-    let bound: Vec<(i64, String)> =
-        BOUND.with(|b| std::mem::take(&mut *b.borrow_mut()).into_iter().collect());
-    if bound.is_empty() {
-        return;
-    }
-    crate::lease::end_session_leases(&bound);
-    for (token, name) in &bound {
-        let tag = LockTag::session(*token);
-        if tag.held_by_me(Mode::Exclusive) {
-            tag.unlock_for_session(Mode::Exclusive);
-        }
-        LockTag::queue(name).wake_holders();
+/// Give back the session lock of lease `token`, if this session holds it.
+pub fn let_go(token: i64) {
+    let tag = LockTag::session(token);
+    if tag.held_by_me(Mode::Exclusive) {
+        tag.unlock_for_session(Mode::Exclusive);
     }
 }

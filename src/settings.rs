@@ -4,7 +4,7 @@
 //! later PostgreSQL also refuses, when the library loads, a value an ordinary
 //! role set for them before it was loaded.
 
-use crate::errors::{quote_name, sqlstate, FlError};
+use crate::errors::{sqlstate, FlError};
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys;
 use std::cell::Cell;
@@ -116,32 +116,7 @@ pub fn notify() -> bool {
     NOTIFY.get()
 }
 
-/// Is `role` allowed to force release: a superuser, or a member of the
-/// operator role (when one is set and exists)?
-pub fn is_operator(role: pg_sys::Oid) -> bool {
-    // SAFETY: plain catalog lookups.
-    unsafe {
-        if pg_sys::superuser_arg(role) {
-            return true;
-        }
-        match OPERATOR_ROLE.get() {
-            Some(name) if !name.as_bytes().is_empty() => {
-                let op = pg_sys::get_role_oid(name.as_ptr(), true);
-                op != pg_sys::InvalidOid && pg_sys::has_privs_of_role(role, op)
-            }
-            _ => false,
-        }
-    }
-}
-
-/// `role` may force release `name`, or the error saying it may not.
-pub fn check_operator(function: &str, name: &str, role: pg_sys::Oid) -> Result<(), FlError> {
-    if is_operator(role) {
-        return Ok(());
-    }
-    Err(FlError::new(
-        sqlstate::INSUFFICIENT_PRIVILEGE,
-        format!("{function}: permission denied to force release lock {}", quote_name(name)),
-    )
-    .hint("Force release needs a superuser or a member of the role named in fenced_lock.operator_role."))
+/// `fenced_lock.operator_role`, if set (`roles.rs` decides what it allows).
+pub fn operator_role() -> Option<CString> {
+    OPERATOR_ROLE.get()
 }

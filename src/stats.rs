@@ -30,6 +30,8 @@ pub enum Event {
     MissingToken,
 }
 
+// SAFETY: the name is unique to this library, and the counters are only
+// touched after `pg_shmem_init!` attached them (`preloaded()`).
 static COUNTERS: PgAtomic<[AtomicU64; 10]> = unsafe { PgAtomic::new(c"fenced_lock counters") };
 
 /// Set in the postmaster when it preloads the library; backends inherit it.
@@ -59,8 +61,8 @@ fn add(event: Event) {
     }
 }
 
-/// Count `event` now.
-pub fn now(event: Event) {
+/// Count `event` now, whatever becomes of the transaction.
+pub fn count(event: Event) {
     add(event);
 }
 
@@ -74,9 +76,9 @@ pub fn at_commit(event: Event) {
 /// An error is being raised with `sqlstate`: some are counted.
 pub fn count_error(sqlstate: &str) {
     match sqlstate {
-        crate::errors::sqlstate::STALE_TOKEN => now(Event::FenceRejection),
-        crate::errors::sqlstate::MISSING_TOKEN => now(Event::MissingToken),
-        crate::errors::sqlstate::LOCK_NOT_AVAILABLE => now(Event::WaitTimeout),
+        crate::errors::sqlstate::STALE_TOKEN => count(Event::FenceRejection),
+        crate::errors::sqlstate::MISSING_TOKEN => count(Event::MissingToken),
+        crate::errors::sqlstate::LOCK_NOT_AVAILABLE => count(Event::WaitTimeout),
         _ => {}
     }
 }

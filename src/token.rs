@@ -13,7 +13,7 @@
 //! tokens also keep growing across crashes, `pg_dump`/restore and `pg_upgrade`
 //! (which keep the sequence even where they reset the timeline).
 
-use crate::errors::{sqlstate, FlError};
+use crate::errors::FlError;
 use crate::locktags::{LockTag, Mode};
 use crate::spi::Statement;
 use pgrx::pg_sys;
@@ -55,31 +55,10 @@ fn nextval(seq: pg_sys::Oid) -> i64 {
     d.value() as i64
 }
 
-/// Lease changes write: refuse them, clearly, where nothing can be written.
-pub fn check_writable(function: &str) -> Result<(), FlError> {
-    // SAFETY: plain accessors of the backend's state.
-    let (in_recovery, read_only) = unsafe { (pg_sys::RecoveryInProgress(), pg_sys::XactReadOnly) };
-    if in_recovery {
-        Err(FlError::new(
-            sqlstate::READ_ONLY_SQL_TRANSACTION,
-            format!("{function}: cannot change a lease on a standby server (recovery is in progress)"),
-        )
-        .hint("Connect to the primary, for example with target_session_attrs=read-write in the connection string."))
-    } else if read_only {
-        Err(FlError::new(
-            sqlstate::READ_ONLY_SQL_TRANSACTION,
-            format!("{function}: cannot change a lease in a read-only transaction"),
-        )
-        .hint("Run it in a read-write transaction."))
-    } else {
-        Ok(())
-    }
-}
-
 /// A new token, greater than every token handed out before, even across a
-/// failover (docs/design.md, "Tokens"). Callers have checked `check_writable`.
+/// failover (docs/design.md, "Tokens"). Callers have checked `xact::check_writable`.
 pub fn next_token(spi: &crate::spi::Connection, seq: pg_sys::Oid) -> Result<i64, FlError> {
-    check_writable("fenced_lock")?;
+    crate::xact::check_writable("fenced_lock")?;
     let epoch = epoch_for_timeline(crate::compat::insert_timeline());
     let token = nextval(seq);
     if epoch_of(token) >= epoch {

@@ -1,11 +1,16 @@
-//! The set-returning functions behind the views `fenced_lock_waiters` and
-//! `fenced_lock_stats` (docs/reference.md, "Views"). Declared by hand in
+//! What the views call (docs/reference.md, "Views"): the set-returning
+//! functions behind `fenced_lock_waiters` and `fenced_lock_stats`, and the
+//! helpers of the visibility rule and of `live`. Declared by hand in
 //! `sql/fenced_lock.sql` (hence `sql = false`); the views add the visibility
 //! rule and the column names users see.
 
+use crate::errors::FlError;
+use crate::fmgr::{arg_datum, arg_i64, return_bool, return_null, sql_function};
 use crate::registry::{self, Waiter};
+use crate::roles::may_see_role;
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys;
+use pgrx::pg_sys::Datum;
 use pgrx::prelude::*;
 use std::collections::BTreeMap;
 
@@ -97,3 +102,36 @@ fn fl_stats() -> TableIterator<
         crate::stats::preloaded(),
     ))
 }
+
+/// For the views: may the current role see token and holder of a lease owned
+/// by `owner` (argument 0, regrole)? Its owner's members and operators may.
+unsafe fn may_see(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
+    // SAFETY: (owner regrole)
+    let owner = unsafe { arg_datum(fcinfo, 0) }.map(|o| pg_sys::Oid::from(o.value() as u32));
+    Ok(return_bool(may_see_role(owner)))
+}
+sql_function!(fl_may_see, pg_finfo_fl_may_see, may_see);
+
+/// The same for a role given by name, as the history keeps it (argument 0, name).
+unsafe fn may_see_name(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
+    // SAFETY: (owner name): a NameData pointer when not NULL.
+    let owner = unsafe { arg_datum(fcinfo, 0) }.and_then(|d| {
+        // SAFETY: get_role_oid reads the NUL-terminated name; missing_ok.
+        let oid = unsafe { pg_sys::get_role_oid(d.cast_mut_ptr::<std::ffi::c_char>(), true) };
+        (oid != pg_sys::InvalidOid).then_some(oid)
+    });
+    Ok(return_bool(may_see_role(owner)))
+}
+sql_function!(fl_may_see_name, pg_finfo_fl_may_see_name, may_see_name);
+
+/// For `fenced_lock_leases.live`: is the session of session-bound lease
+/// `token` (argument 0) still there?
+unsafe fn session_alive(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
+    // SAFETY: (token bigint)
+    match unsafe { arg_i64(fcinfo, 0) } {
+        Some(token) => Ok(return_bool(crate::session::token_alive(token))),
+        // SAFETY: valid fcinfo.
+        None => Ok(unsafe { return_null(fcinfo) }),
+    }
+}
+sql_function!(fl_session_alive, pg_finfo_fl_session_alive, session_alive);

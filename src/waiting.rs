@@ -22,11 +22,11 @@
 //! waiter whose client has gone away leaves the line instead of being served
 //! (`compat::client_gone`).
 
+use crate::clock::now;
 use crate::errors::{quote_name, sqlstate, FlError};
 use crate::lease::{attempt_acquire, AcquireRequest, Attempt};
 use crate::locktags::{LockTag, Mode};
 use crate::stats::Event;
-use crate::store::{now, Store};
 use crate::{compat, registry, stats};
 use pgrx::pg_sys;
 use pgrx::{PgSqlErrorCode, PgTryBuilder};
@@ -49,19 +49,16 @@ pub fn acquire(req: &AcquireRequest, wait_micros: Option<i64>) -> Result<i64, Fl
         effective_wait(wait_micros, session_lock_timeout_micros()).map(|w| start.saturating_add(w));
     let timed_out = || wait_timeout(req.name, (now() - start) / 1000);
 
+    if let Attempt::Granted(token) =
+        attempt_acquire(req, |name_lock| Ok(name_lock.try_lock(Mode::Exclusive)))?
     {
-        let store = Store::open()?;
-        if let Attempt::Granted(token) =
-            attempt_acquire(&store, req, |name_lock| Ok(name_lock.try_lock(Mode::Exclusive)))?
-        {
-            return Ok(token);
-        }
+        return Ok(token);
     }
     if deadline.is_some_and(|d| now() >= d) {
         return Err(timed_out());
     }
 
-    stats::now(Event::Wait);
+    stats::count(Event::Wait);
     registry::enter(req.name, req.holder, req.caller, start);
     lock_until(&LockTag::queue(req.name), Mode::Exclusive, deadline, &timed_out)?;
     registry::at_head();
@@ -71,12 +68,9 @@ pub fn acquire(req: &AcquireRequest, wait_micros: Option<i64>) -> Result<i64, Fl
         if compat::client_gone() {
             compat::leave_because_client_gone();
         }
-        let attempt = {
-            let store = Store::open()?;
-            attempt_acquire(&store, req, |name_lock| {
-                lock_until(name_lock, Mode::Exclusive, deadline, &timed_out).map(|()| true)
-            })?
-        };
+        let attempt = attempt_acquire(req, |name_lock| {
+            lock_until(name_lock, Mode::Exclusive, deadline, &timed_out).map(|()| true)
+        })?;
         let expires_at = match attempt {
             Attempt::Granted(token) => {
                 registry::leave();

@@ -1,55 +1,10 @@
-//! Transaction boundaries: one callback that tells each module a
-//! transaction (or subtransaction) is ending, and a way to run work in a
-//! transaction of our own when the session itself is ending.
+//! Small helpers about the transaction we are in. The transaction-end
+//! dispatch that tells each module a transaction is ending lives at the top
+//! of the house, in `lib.rs`; this file knows no other module but `errors`.
 
-use crate::{durability, registry, session, stats};
+use crate::errors::{sqlstate, FlError};
 use pgrx::pg_sys;
 use pgrx::PgTryBuilder;
-
-pub fn register() {
-    // SAFETY: called once from _PG_init.
-    unsafe {
-        pg_sys::RegisterXactCallback(Some(on_xact_event), std::ptr::null_mut());
-        pg_sys::RegisterSubXactCallback(Some(on_subxact_event), std::ptr::null_mut());
-    }
-}
-
-#[pgrx::pg_guard]
-unsafe extern "C-unwind" fn on_xact_event(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
-    match event {
-        pg_sys::XactEvent::XACT_EVENT_PRE_COMMIT => durability::at_pre_commit(),
-        pg_sys::XactEvent::XACT_EVENT_COMMIT | pg_sys::XactEvent::XACT_EVENT_PREPARE => {
-            durability::at_transaction_end();
-            session::at_transaction_end(true);
-            stats::at_transaction_end(true);
-        }
-        pg_sys::XactEvent::XACT_EVENT_ABORT => {
-            durability::at_transaction_end();
-            session::at_transaction_end(false);
-            stats::at_transaction_end(false);
-            registry::leave();
-        }
-        pg_sys::XactEvent::XACT_EVENT_PARALLEL_COMMIT | pg_sys::XactEvent::XACT_EVENT_PARALLEL_ABORT => {
-            durability::at_transaction_end();
-        }
-        _ => {}
-    }
-}
-
-#[pgrx::pg_guard]
-unsafe extern "C-unwind" fn on_subxact_event(
-    event: pg_sys::SubXactEvent::Type,
-    my_subid: pg_sys::SubTransactionId,
-    _parent_subid: pg_sys::SubTransactionId,
-    _arg: *mut std::ffi::c_void,
-) {
-    if event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB {
-        crate::fence::forget_checks();
-        session::at_subtransaction_abort(my_subid);
-        stats::at_subtransaction_abort(my_subid);
-        registry::leave();
-    }
-}
 
 /// The id of the current subtransaction (1 at top level).
 pub fn current_subid() -> pg_sys::SubTransactionId {
@@ -57,11 +12,38 @@ pub fn current_subid() -> pg_sys::SubTransactionId {
     unsafe { pg_sys::GetCurrentSubTransactionId() }
 }
 
+/// Are we inside an explicit transaction block (BEGIN ... COMMIT)?
+pub fn in_transaction_block() -> bool {
+    // SAFETY: plain accessor of the transaction state.
+    unsafe { pg_sys::IsTransactionBlock() }
+}
+
+/// Lease changes write: refuse them, clearly, where nothing can be written.
+pub fn check_writable(function: &str) -> Result<(), FlError> {
+    // SAFETY: plain accessors of the backend's state.
+    let (in_recovery, read_only) = unsafe { (pg_sys::RecoveryInProgress(), pg_sys::XactReadOnly) };
+    if in_recovery {
+        Err(FlError::new(
+            sqlstate::READ_ONLY_SQL_TRANSACTION,
+            format!("{function}: cannot change a lease on a standby server (recovery is in progress)"),
+        )
+        .hint("Connect to the primary, for example with target_session_attrs=read-write in the connection string."))
+    } else if read_only {
+        Err(FlError::new(
+            sqlstate::READ_ONLY_SQL_TRANSACTION,
+            format!("{function}: cannot change a lease in a read-only transaction"),
+        )
+        .hint("Run it in a read-write transaction."))
+    } else {
+        Ok(())
+    }
+}
+
 /// Run `work` in a transaction of its own while the backend exits, as
 /// PostgreSQL's own temp-table cleanup does: end whatever transaction the
 /// session was in, start one, commit it. An error rolls that transaction back
 /// and is logged; the session is ending, so nothing else can be done.
-pub fn in_own_transaction(work: impl FnOnce() -> Result<(), crate::errors::FlError>) {
+pub fn in_own_transaction(work: impl FnOnce() -> Result<(), FlError>) {
     // SAFETY: called from a before_shmem_exit callback of a backend, while
     // it is still connected to its database.
     unsafe {

@@ -51,14 +51,17 @@ class Clusters:
             except Exception:
                 pass
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop_all()
+
 
 @pytest.fixture
 def clusters():
-    cs = Clusters()
-    try:
+    with Clusters() as cs:
         yield cs
-    finally:
-        cs.stop_all()
 
 
 @pytest.fixture(scope="session")

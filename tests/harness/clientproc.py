@@ -173,3 +173,9 @@ class Children:
     def close_all(self):
         for c in self.started:
             c.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close_all()

@@ -47,11 +47,8 @@ pytest_configure = register_budget_marker
 
 @pytest.fixture
 def children():
-    cs = Children()
-    try:
+    with Children() as cs:
         yield cs
-    finally:
-        cs.close_all()
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import psycopg
 from psycopg import sql
 
+from harness.api import GUARD, LEASE_FUNCTIONS
+
 # Advisory-lock key spaces of fenced_lock (src/locktags.rs), as pg_locks.classid.
 FENCE_SPACE = 0x464C0001  # 1179385857
 QUEUE_SPACE = 0x464C0002  # 1179385858
@@ -21,15 +23,7 @@ QUEUE_SPACE = 0x464C0002  # 1179385858
 SESSION_KIND = 0x464D  # 17997
 
 # Every SQL-callable object an application role may be granted.
-API_FUNCTIONS = [
-    "fenced_lock_try_acquire(text, interval, text, boolean)",
-    "fenced_lock_acquire(text, interval, interval, text, boolean)",
-    "fenced_lock_renew(text, bigint, interval)",
-    "fenced_lock_release(text, bigint)",
-    "fenced_lock_validate(text, bigint)",
-    "fenced_lock_assert(text, bigint)",
-    "fenced_lock_guard()",
-]
+API_FUNCTIONS = LEASE_FUNCTIONS + [GUARD]
 
 
 def safe_ident(text):

@@ -13,28 +13,20 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from test_security_support import (
+from harness.security import (
     SPEC_SQLSTATES,
     acquire,
     error,
     lease_record,
     one,
-    security_env,
+    security_fixtures,
     sqlstate,
 )
 
 I = sql.Identifier
 
 
-@pytest.fixture(scope="module")
-def sec(request):
-    yield from security_env(request, "hos")
-
-
-@pytest.fixture
-def su(sec):
-    with sec.connect() as c:
-        yield c
+sec, su = security_fixtures("hos")
 
 
 @pytest.fixture(scope="module")

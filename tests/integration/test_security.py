@@ -12,28 +12,20 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from test_security_support import (
+from harness.security import (
     LONG,
     acquire,
     error,
     lease_record,
     one,
-    security_env,
+    security_fixtures,
     sqlstate,
 )
 
 I = sql.Identifier
 
 
-@pytest.fixture(scope="module")
-def sec(request):
-    yield from security_env(request, "sec")
-
-
-@pytest.fixture
-def su(sec):
-    with sec.connect() as c:
-        yield c
+sec, su = security_fixtures("sec")
 
 
 @pytest.fixture

@@ -1,4 +1,9 @@
-"""Shared setup of the security and hostile-input tests (docs/design.md, "Security"), no tests here.
+"""Shared setup of the security and hostile-input tests (docs/design.md, "Security").
+
+A test module gets its fixtures with
+
+    from harness.security import security_fixtures
+    sec, su = security_fixtures("tag")
 
 `sec` (module scope) is a `SecurityEnv`: a database with the extension on the
 shared `cluster` of tests/integration/conftest.py (its `db` fixture), or, when
@@ -22,20 +27,12 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from harness.api import FORCE_RELEASE, GUARD, LEASE_FUNCTIONS
 from harness.cluster import Cluster
 
 OWN_CLUSTER = ("it_security", 5510)
 
-API = [
-    "fenced_lock_try_acquire(text, interval, text, boolean)",
-    "fenced_lock_acquire(text, interval, interval, text, boolean)",
-    "fenced_lock_renew(text, bigint, interval)",
-    "fenced_lock_release(text, bigint)",
-    "fenced_lock_validate(text, bigint)",
-    "fenced_lock_assert(text, bigint)",
-    "fenced_lock_force_release(text)",
-]
-GUARD = "fenced_lock_guard()"
+API = LEASE_FUNCTIONS + [FORCE_RELEASE]
 
 # docs/reference.md, "SQLSTATEs": every SQLSTATE the extension may raise.
 SPEC_SQLSTATES = {"FL001", "FL002", "55P03", "22004", "22023", "42501", "39P01", "42703", "42804"}
@@ -115,6 +112,23 @@ class SecurityEnv:
         with self.cluster.connect() as su:
             for r in self.roles:
                 su.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(r)))
+
+
+def security_fixtures(tag):
+    """The `sec` (module scope) and `su` (a superuser connection to its
+    database, per test) fixtures of a test module; `tag` keeps the roles of
+    two modules apart."""
+
+    @pytest.fixture(scope="module")
+    def sec(request):
+        yield from security_env(request, tag)
+
+    @pytest.fixture
+    def su(sec):
+        with sec.connect() as c:
+            yield c
+
+    return sec, su
 
 
 def security_env(request, tag):

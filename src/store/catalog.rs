@@ -1,0 +1,205 @@
+//! Binding the extension's SQL objects: the schema `fenced_lock_internal`,
+//! the lease table, its indexes, the history and the token sequence, looked
+//! up once per backend by name and forgotten on any relcache invalidation of
+//! them (DROP/CREATE/ALTER EXTENSION, ALTER ... OWNER).
+//!
+//! Columns are found by name and type, never by position: a table of another
+//! shape (an older or newer version of the extension's SQL) is either read
+//! correctly or refused with 55000.
+
+use super::heap::{column, inserted_plainly};
+use super::history::{history_columns, HistoryObjects};
+use crate::errors::{sqlstate, FlError};
+use pgrx::pg_sys;
+use std::cell::{Cell, RefCell};
+use std::ffi::CStr;
+
+pub const SCHEMA: &CStr = c"fenced_lock_internal";
+
+/// Attribute numbers (1-based) of the lease table's columns.
+#[derive(Clone, Copy)]
+pub struct LeaseColumns {
+    pub name: i16,
+    pub token: i16,
+    pub holder: i16,
+    pub owner: i16,
+    pub acquired_at: i16,
+    pub expires_at: i16,
+    pub ttl: i16,
+    /// absent in the 0.1.0 catalog
+    pub session_bound: Option<i16>,
+}
+
+/// The extension's objects as this backend found them.
+#[derive(Clone, Copy)]
+pub struct Objects {
+    pub table: pg_sys::Oid,
+    pub by_name: pg_sys::Oid,
+    pub by_expiry: pg_sys::Oid,
+    /// partial index of the session-bound records (absent in the 0.1.0 catalog)
+    pub by_session: Option<pg_sys::Oid>,
+    pub table_owner: pg_sys::Oid,
+    pub sequence: pg_sys::Oid,
+    pub columns: LeaseColumns,
+    pub history: Option<HistoryObjects>,
+    /// VACUUM never shrinks the lease table (`vacuum_truncate = false`), so a
+    /// remembered tid always names a block of it (`records::read`).
+    pub tids_stay_in_range: bool,
+}
+
+impl Objects {
+    fn rels(&self) -> [pg_sys::Oid; 7] {
+        let h = self.history.map(|h| [h.table, h.by_ended_at]).unwrap_or_default();
+        let s = self.by_session.unwrap_or_default();
+        [self.table, self.by_name, self.by_expiry, self.sequence, h[0], h[1], s]
+    }
+
+    /// The catalog is the one this library was built for (not 0.1.0's).
+    fn current(&self) -> bool {
+        self.history.is_some() && self.columns.session_bound.is_some() && self.by_session.is_some()
+    }
+}
+
+thread_local! {
+    static OBJECTS: RefCell<Option<Objects>> = const { RefCell::new(None) };
+    /// Bumped each time the objects are forgotten: what other modules remember
+    /// about the tables' contents (tuple positions) is only good for one binding.
+    static BINDING: Cell<u64> = const { Cell::new(0) };
+}
+
+/// From `_PG_init`.
+pub fn register() {
+    crate::relcache::on_invalidation(forget);
+}
+
+fn forget(relid: pg_sys::Oid) {
+    OBJECTS.with(|o| {
+        let mut o = o.borrow_mut();
+        if let Some(known) = *o {
+            if relid == pg_sys::InvalidOid || known.rels().contains(&relid) {
+                *o = None;
+                BINDING.with(|b| b.set(b.get() + 1));
+            }
+        }
+    });
+}
+
+/// Which binding of the objects is current (see `BINDING`).
+pub fn binding() -> u64 {
+    BINDING.with(|b| b.get())
+}
+
+fn relid(nsp: pg_sys::Oid, name: &CStr) -> pg_sys::Oid {
+    // SAFETY: syscache lookup; InvalidOid when missing.
+    unsafe { pg_sys::get_relname_relid(name.as_ptr(), nsp) }
+}
+
+/// The objects, looked up on first use in this backend (or after they were
+/// forgotten). Reads work on the 0.1.0 catalog too.
+pub fn objects() -> Result<Objects, FlError> {
+    if let Some(known) = OBJECTS.with(|o| *o.borrow()) {
+        return Ok(known);
+    }
+    // SAFETY: syscache lookups; missing_ok so a dropped schema gives InvalidOid.
+    let nsp = unsafe { pg_sys::get_namespace_oid(SCHEMA.as_ptr(), true) };
+    if nsp == pg_sys::InvalidOid {
+        return Err(FlError::not_installed("schema fenced_lock_internal"));
+    }
+    // 0.1.0 called the lease table `leases`; a 0.1.0 catalog is read (so the
+    // guard keeps working until the update) but never written.
+    let (table, by_name, by_expiry) = match relid(nsp, c"lease_records") {
+        t if t != pg_sys::InvalidOid => {
+            (t, relid(nsp, c"lease_records_pkey"), relid(nsp, c"lease_records_expires_at"))
+        }
+        _ => (relid(nsp, c"leases"), relid(nsp, c"leases_pkey"), relid(nsp, c"leases_expires_at")),
+    };
+    let sequence = relid(nsp, c"token_seq");
+    if [table, by_name, by_expiry, sequence].contains(&pg_sys::InvalidOid) {
+        return Err(FlError::not_installed("the lease table, its indexes or the token sequence"));
+    }
+    let col = |name: &str, typ| column(table, name, typ);
+    let columns = match (
+        col("name", pg_sys::TEXTOID),
+        col("token", pg_sys::INT8OID),
+        col("holder", pg_sys::TEXTOID),
+        col("owner", pg_sys::REGROLEOID),
+        col("acquired_at", pg_sys::TIMESTAMPTZOID),
+        col("expires_at", pg_sys::TIMESTAMPTZOID),
+        col("ttl", pg_sys::INTERVALOID),
+    ) {
+        (
+            Some(name),
+            Some(token),
+            Some(holder),
+            Some(owner),
+            Some(acquired_at),
+            Some(expires_at),
+            Some(ttl),
+        ) => LeaseColumns {
+            name,
+            token,
+            holder,
+            owner,
+            acquired_at,
+            expires_at,
+            ttl,
+            session_bound: col("session_bound", pg_sys::BOOLOID),
+        },
+        _ => return Err(catalog_mismatch("the lease table does not have the columns this library reads")),
+    };
+    let history_table = relid(nsp, c"lease_history");
+    let history = (history_table != pg_sys::InvalidOid).then(|| HistoryObjects {
+        table: history_table,
+        by_ended_at: relid(nsp, c"lease_history_ended_at"),
+        ended_at: column(history_table, "ended_at", pg_sys::TIMESTAMPTZOID).unwrap_or(0),
+        direct: history_columns(history_table).filter(|_| inserted_plainly(history_table)),
+    });
+    if history.is_some_and(|h| h.by_ended_at == pg_sys::InvalidOid || h.ended_at == 0) {
+        return Err(catalog_mismatch("the lease history table does not have the shape this library writes"));
+    }
+    // SAFETY: the relation exists (looked up above); closed at once.
+    let (table_owner, tids_stay_in_range) = unsafe {
+        let rel = pg_sys::RelationIdGetRelation(table);
+        if rel.is_null() {
+            return Err(FlError::not_installed("the lease table"));
+        }
+        let found = ((*(*rel).rd_rel).relowner, crate::compat::vacuum_truncate_disabled(rel));
+        pg_sys::RelationClose(rel);
+        found
+    };
+    let found = Objects {
+        table,
+        by_name,
+        by_expiry,
+        by_session: Some(relid(nsp, c"lease_records_session_bound")).filter(|r| *r != pg_sys::InvalidOid),
+        table_owner,
+        sequence,
+        columns,
+        history,
+        tids_stay_in_range,
+    };
+    OBJECTS.with(|o| *o.borrow_mut() = Some(found));
+    Ok(found)
+}
+
+/// The installed SQL objects are not the ones this library was built for.
+fn catalog_mismatch(what: &str) -> FlError {
+    FlError::new(
+        sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!(
+            "fenced_lock: the extension's SQL objects do not match this library (version {}): {what}",
+            env!("CARGO_PKG_VERSION")
+        ),
+    )
+    .hint("Run ALTER EXTENSION fenced_lock UPDATE in this database.")
+}
+
+/// Lease changes need the current catalog; reads work on 0.1.0's too.
+pub fn objects_for_writing() -> Result<Objects, FlError> {
+    let objects = objects()?;
+    if objects.current() {
+        Ok(objects)
+    } else {
+        Err(catalog_mismatch("it is older (0.1.0), and lease changes need the updated objects"))
+    }
+}
