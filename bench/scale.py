@@ -27,7 +27,7 @@ SAMPLE_EVERY = 1 if SMOKE else 15
 def tables(c):
     """The lease records table (`lease_records` since 0.2.0, `leases` before)
     and the lease history table, None before 0.2.0."""
-    return c.execute("SELECT coalesce(to_regclass('fenced_lock_internal.lease_records'),"
+    return c.execute("SELECT coalesce(to_regclass('fenced_lock_internal.granted_leases'),"
                      "                to_regclass('fenced_lock_internal.leases'))::text,"
                      "       to_regclass('fenced_lock_internal.lease_history')::text").fetchone()
 

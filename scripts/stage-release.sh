@@ -2,7 +2,7 @@
 # Build a released version of fenced_lock from git and lay out its files (the
 # .so, control file and SQL scripts) under OUTDIR, as `cargo pgrx package`
 # does, for the upgrade test:
-#   scripts/stage-release.sh 0.1.0 OUTDIR [PG_CONFIG]
+#   scripts/stage-release.sh 0.1.0|0.2.0 OUTDIR [PG_CONFIG]
 # The version's commit is its tag vX.Y.Z; a clone without tags falls back to
 # the commits recorded below. Skipped when OUTDIR already holds that commit.
 set -euo pipefail
@@ -11,7 +11,8 @@ version=${1:?usage: stage-release.sh VERSION OUTDIR [PG_CONFIG]}
 out=${2:?usage: stage-release.sh VERSION OUTDIR [PG_CONFIG]}
 pg_config=${3:-/usr/bin/pg_config}
 
-declare -A released=([0.1.0]=e50d1baed43f39595b458e3c865efd08849d0792)
+declare -A released=([0.1.0]=e50d1baed43f39595b458e3c865efd08849d0792
+                      [0.2.0]=ff2b681d93a00d3aaf7a8e6dcb4d7ef324869798)
 commit=$(git rev-parse --verify -q "v$version^{commit}" || echo "${released[$version]:?unknown version $version}")
 if [ "$(cat "$out/.commit" 2>/dev/null)" = "$commit" ]; then
   exit 0

@@ -147,6 +147,108 @@ pub fn check_token(function: &str, name: &str, token: i64) -> Result<(), FlError
     }
 }
 
+/// The most names one call may take at once.
+pub const MAX_NAMES: usize = 1000;
+/// The longest value `fenced_lock_proclaim` publishes, in bytes.
+pub const MAX_VALUE_BYTES: usize = 4096;
+
+/// A `names text[]` argument: a one-dimensional array of 1 to `MAX_NAMES`
+/// distinct lock names, none NULL. `dims`: the array's dimensions when it
+/// is not one-dimensional.
+pub fn check_names(function: &str, names: Result<Vec<Option<String>>, i32>) -> Result<Vec<String>, FlError> {
+    let names = names.map_err(|dims| {
+        FlError::new(
+            sqlstate::INVALID_PARAMETER_VALUE,
+            format!("{function}: argument \"names\" has {dims} dimensions; it is a list of lock names"),
+        )
+        .hint("Pass a one-dimensional text array, such as ARRAY['a', 'b'].")
+    })?;
+    if names.is_empty() {
+        return Err(FlError::new(
+            sqlstate::INVALID_PARAMETER_VALUE,
+            format!("{function}: argument \"names\" is an empty array"),
+        )
+        .hint("Pass at least one lock name."));
+    }
+    if names.len() > MAX_NAMES {
+        return Err(FlError::new(
+            sqlstate::INVALID_PARAMETER_VALUE,
+            format!("{function}: argument \"names\" has {} names, more than {MAX_NAMES}", names.len()),
+        )
+        .hint("Take the locks in several calls, or guard the rows with fewer lock names."));
+    }
+    let mut out = Vec::with_capacity(names.len());
+    for (i, name) in names.into_iter().enumerate() {
+        let name = name.ok_or_else(|| {
+            FlError::new(
+                sqlstate::NULL_VALUE_NOT_ALLOWED,
+                format!("{function}: element {} of argument \"names\" is NULL", i + 1),
+            )
+            .hint("Every element of \"names\" must be a lock name.")
+        })?;
+        check_name(function, &name)?;
+        out.push(name);
+    }
+    let mut sorted: Vec<&String> = out.iter().collect();
+    sorted.sort();
+    if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
+        return Err(FlError::new(
+            sqlstate::INVALID_PARAMETER_VALUE,
+            format!("{function}: lock {} appears more than once in argument \"names\"", quote_name(w[0])),
+        )
+        .hint("List each lock name once."));
+    }
+    Ok(out)
+}
+
+/// The `tokens bigint[]` of `fenced_lock_release_all`, one per name.
+pub fn check_tokens(
+    function: &str,
+    names: &[String],
+    tokens: Result<Vec<Option<i64>>, i32>,
+) -> Result<Vec<i64>, FlError> {
+    let tokens = tokens.map_err(|dims| {
+        FlError::new(
+            sqlstate::INVALID_PARAMETER_VALUE,
+            format!("{function}: argument \"tokens\" has {dims} dimensions; it is a list of tokens"),
+        )
+        .hint("Pass a one-dimensional bigint array, one token per name.")
+    })?;
+    if tokens.len() != names.len() {
+        return Err(FlError::new(
+            sqlstate::INVALID_PARAMETER_VALUE,
+            format!("{function}: {} names but {} tokens", names.len(), tokens.len()),
+        )
+        .hint("Pass one token per name, in the same order."));
+    }
+    tokens
+        .into_iter()
+        .zip(names)
+        .map(|(token, name)| {
+            let token = required(token, function, "tokens", Some(name))?;
+            check_token(function, name, token)?;
+            Ok(token)
+        })
+        .collect()
+}
+
+/// A value to publish: at most `MAX_VALUE_BYTES`.
+pub fn check_value(function: &str, name: &str, value: &str) -> Result<(), FlError> {
+    if value.len() > MAX_VALUE_BYTES {
+        Err(FlError::new(
+            sqlstate::INVALID_PARAMETER_VALUE,
+            format!(
+                "{function}: value for lock {} is {} bytes long, more than {MAX_VALUE_BYTES}",
+                quote_name(name),
+                value.len()
+            ),
+        )
+        .hint("Publish something short (an address, a term) and keep the rest elsewhere."))
+    } else {
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,6 +321,41 @@ mod tests {
         for bad in [0, -1, i64::MIN] {
             assert_eq!(check_token("f", "n", bad).unwrap_err().sqlstate, INVALID_PARAMETER_VALUE);
         }
+    }
+
+    #[test]
+    fn a_list_of_names_is_one_dimensional_non_empty_distinct_and_has_no_null() {
+        let some = |v: &[&str]| Ok(v.iter().map(|s| Some(s.to_string())).collect::<Vec<_>>());
+        assert_eq!(check_names("f", some(&["b", "a"])).unwrap(), vec!["b", "a"], "order kept");
+        assert_eq!(check_names("f", some(&[])).unwrap_err().sqlstate, INVALID_PARAMETER_VALUE);
+        assert_eq!(check_names("f", some(&["a", "b", "a"])).unwrap_err().sqlstate, INVALID_PARAMETER_VALUE);
+        assert_eq!(check_names("f", some(&["a", ""])).unwrap_err().sqlstate, INVALID_PARAMETER_VALUE);
+        assert_eq!(check_names("f", Err(2)).unwrap_err().sqlstate, INVALID_PARAMETER_VALUE);
+        let with_null = Ok(vec![Some("a".to_string()), None]);
+        let e = check_names("f", with_null).unwrap_err();
+        assert_eq!(e.sqlstate, NULL_VALUE_NOT_ALLOWED);
+        assert!(e.message.contains("element 2"), "{}", e.message);
+        let many: Vec<String> = (0..=MAX_NAMES).map(|i| i.to_string()).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        assert_eq!(check_names("f", some(&many)).unwrap_err().sqlstate, INVALID_PARAMETER_VALUE);
+    }
+
+    #[test]
+    fn tokens_come_one_per_name_positive_and_not_null() {
+        let names = vec!["a".to_string(), "b".to_string()];
+        assert_eq!(check_tokens("f", &names, Ok(vec![Some(1), Some(2)])), Ok(vec![1, 2]));
+        assert_eq!(
+            check_tokens("f", &names, Ok(vec![Some(1)])).unwrap_err().sqlstate,
+            INVALID_PARAMETER_VALUE
+        );
+        assert_eq!(
+            check_tokens("f", &names, Ok(vec![Some(1), None])).unwrap_err().sqlstate,
+            NULL_VALUE_NOT_ALLOWED
+        );
+        assert_eq!(
+            check_tokens("f", &names, Ok(vec![Some(1), Some(0)])).unwrap_err().sqlstate,
+            INVALID_PARAMETER_VALUE
+        );
     }
 
     #[test]

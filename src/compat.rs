@@ -262,3 +262,55 @@ pub unsafe fn heap_fetch(
         }
     }
 }
+
+/// Update the heap tuple at `otid` to `tup`; true if the new version needs
+/// index entries (the update was not HOT). (16 made `simple_heap_update`
+/// say so; before, the new tuple's HEAP_ONLY flag tells.) Only for tables
+/// whose indexes are all btrees, none of them summarizing.
+///
+/// # Safety
+/// `rel` is open with RowExclusiveLock and `otid` is a tuple of it.
+pub unsafe fn simple_heap_update(
+    rel: pg_sys::Relation,
+    otid: pg_sys::ItemPointer,
+    tup: pg_sys::HeapTuple,
+) -> bool {
+    // SAFETY: as the caller promises.
+    unsafe {
+        #[cfg(any(feature = "pg13", feature = "pg14", feature = "pg15"))]
+        {
+            pg_sys::simple_heap_update(rel, otid, tup);
+            (*(*tup).t_data).t_infomask2 & pg_sys::HEAP_ONLY_TUPLE as u16 == 0
+        }
+        #[cfg(not(any(feature = "pg13", feature = "pg14", feature = "pg15")))]
+        {
+            let mut update_indexes = pg_sys::TU_UpdateIndexes::TU_None;
+            pg_sys::simple_heap_update(rel, otid, tup, &mut update_indexes);
+            update_indexes == pg_sys::TU_UpdateIndexes::TU_All
+        }
+    }
+}
+
+/// Insert an index entry. (14 added `indexUnchanged`: false, this is a new
+/// row version.)
+///
+/// # Safety
+/// `index` and `heap` are open with RowExclusiveLock; the arrays hold one
+/// entry per index column.
+pub unsafe fn index_insert(
+    index: pg_sys::Relation,
+    values: *mut pg_sys::Datum,
+    isnull: *mut bool,
+    tid: pg_sys::ItemPointer,
+    heap: pg_sys::Relation,
+    unique: pg_sys::IndexUniqueCheck::Type,
+    info: *mut pg_sys::IndexInfo,
+) {
+    // SAFETY: as the caller promises.
+    unsafe {
+        #[cfg(feature = "pg13")]
+        pg_sys::index_insert(index, values, isnull, tid, heap, unique, info);
+        #[cfg(not(feature = "pg13"))]
+        pg_sys::index_insert(index, values, isnull, tid, heap, unique, false, info);
+    }
+}

@@ -15,6 +15,9 @@ pub mod sqlstate {
     pub const STALE_TOKEN: &str = "FL001";
     /// Guarded write without a token.
     pub const MISSING_TOKEN: &str = "FL002";
+    /// A request that can never be granted as asked (another mode or count
+    /// is live, an upgrade, waiting for a lease of one's own session).
+    pub const MODE_CONFLICT: &str = "FL003";
     /// `fenced_lock_acquire` waited `wait` without getting the lock.
     pub const LOCK_NOT_AVAILABLE: &str = "55P03";
     /// A required argument is NULL.
@@ -38,9 +41,10 @@ pub mod sqlstate {
 
     /// Every code above, for the documentation test.
     #[cfg(test)]
-    pub const ALL: [&str; 12] = [
+    pub const ALL: [&str; 13] = [
         STALE_TOKEN,
         MISSING_TOKEN,
+        MODE_CONFLICT,
         LOCK_NOT_AVAILABLE,
         NULL_VALUE_NOT_ALLOWED,
         INVALID_PARAMETER_VALUE,

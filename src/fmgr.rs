@@ -159,3 +159,140 @@ pub fn return_i64(v: i64) -> Datum {
 pub fn return_bool(v: bool) -> Datum {
     Datum::from(v)
 }
+
+/// A one-dimensional array argument: its elements (`None` for a NULL
+/// element), or `Err(dims)` for an array of `dims` dimensions (an empty
+/// array has none). `elem_type` is the element type: `text` or `bigint`.
+///
+/// # Safety
+/// As for [`arg_datum`]; argument `n` is declared as `text[]` or `bigint[]`
+/// to match `elem_type`.
+pub unsafe fn arg_array(
+    fcinfo: pg_sys::FunctionCallInfo,
+    n: usize,
+    elem_type: pg_sys::Oid,
+) -> Option<Result<Vec<Option<Datum>>, i32>> {
+    // SAFETY: a non-NULL array argument, detoasted; deconstruct_array
+    // returns palloc'd arrays of `count` entries; text elements stay
+    // pointers into the detoasted array, which lives as long as the call.
+    unsafe {
+        let d = arg_datum(fcinfo, n)?;
+        let array = pg_sys::pg_detoast_datum(d.cast_mut_ptr::<pg_sys::varlena>()) as *mut pg_sys::ArrayType;
+        let dims = (*array).ndim;
+        if dims != 1 {
+            return Some(if dims == 0 { Ok(Vec::new()) } else { Err(dims) });
+        }
+        let (len, byval, align) = if elem_type == pg_sys::INT8OID {
+            (8, true, pg_sys::TYPALIGN_DOUBLE)
+        } else {
+            (-1, false, pg_sys::TYPALIGN_INT)
+        };
+        let mut elems: *mut Datum = std::ptr::null_mut();
+        let mut nulls: *mut bool = std::ptr::null_mut();
+        let mut count: c_int = 0;
+        pg_sys::deconstruct_array(
+            array,
+            elem_type,
+            len,
+            byval,
+            align as c_char,
+            &mut elems,
+            &mut nulls,
+            &mut count,
+        );
+        Some(Ok((0..count as usize).map(|i| (!*nulls.add(i)).then(|| *elems.add(i))).collect()))
+    }
+}
+
+/// A `text[]` argument (see [`arg_array`]).
+///
+/// # Safety
+/// As for [`arg_array`].
+pub unsafe fn arg_text_array(
+    fcinfo: pg_sys::FunctionCallInfo,
+    n: usize,
+) -> Option<Result<Vec<Option<String>>, i32>> {
+    // SAFETY: text elements.
+    unsafe { arg_array(fcinfo, n, pg_sys::TEXTOID) }
+        .map(|r| r.map(|v| v.into_iter().map(|d| d.map(|d| unsafe { text_value(d) })).collect()))
+}
+
+/// A `bigint[]` argument (see [`arg_array`]).
+///
+/// # Safety
+/// As for [`arg_array`].
+pub unsafe fn arg_i64_array(
+    fcinfo: pg_sys::FunctionCallInfo,
+    n: usize,
+) -> Option<Result<Vec<Option<i64>>, i32>> {
+    // SAFETY: bigint elements, passed by value.
+    unsafe { arg_array(fcinfo, n, pg_sys::INT8OID) }
+        .map(|r| r.map(|v| v.into_iter().map(|d| d.map(|d| d.value() as i64)).collect()))
+}
+
+/// A `bigint[]` result.
+pub fn return_i64_array(values: &[i64]) -> Datum {
+    let mut datums: Vec<Datum> = values.iter().map(|&v| Datum::from(v)).collect();
+    // SAFETY: construct_array copies the by-value bigints into a new array.
+    unsafe {
+        Datum::from(pg_sys::construct_array(
+            datums.as_mut_ptr(),
+            datums.len() as i32,
+            pg_sys::INT8OID,
+            8,
+            true,
+            pg_sys::TYPALIGN_DOUBLE as c_char,
+        ))
+    }
+}
+
+pub fn return_i32(v: i32) -> Datum {
+    Datum::from(v)
+}
+
+/// # Safety
+/// As for [`arg_datum`]; argument `n` is declared as integer.
+pub unsafe fn arg_i32(fcinfo: pg_sys::FunctionCallInfo, n: usize) -> Option<i32> {
+    // SAFETY: an integer argument is passed by value.
+    unsafe { arg_datum(fcinfo, n).map(|d| d.value() as i32) }
+}
+
+/// Return `rows` (each one value per column, `None` is NULL) from a
+/// function declared `RETURNS TABLE (...)` or `RETURNS SETOF record` with
+/// OUT parameters, in materialize mode.
+///
+/// # Safety
+/// `fcinfo` is the call info of such a function, called where a set is
+/// allowed (PostgreSQL checks `allowedModes` below).
+pub unsafe fn return_rows(fcinfo: pg_sys::FunctionCallInfo, rows: &[Vec<Option<Datum>>]) -> Datum {
+    // SAFETY: the ReturnSetInfo protocol of a materializing set-returning
+    // function (as in contrib's functions): the tuple store and descriptor
+    // live in the per-query memory context.
+    unsafe {
+        let rsinfo = (*fcinfo).resultinfo as *mut pg_sys::ReturnSetInfo;
+        if rsinfo.is_null()
+            || (*rsinfo).type_ != pg_sys::NodeTag::T_ReturnSetInfo
+            || (*rsinfo).allowedModes & pg_sys::SetFunctionReturnMode::SFRM_Materialize as i32 == 0
+        {
+            pgrx::error!("fenced_lock: a set-returning function called where a set is not allowed");
+        }
+        let old = pg_sys::MemoryContextSwitchTo((*(*rsinfo).econtext).ecxt_per_query_memory);
+        let mut desc: pg_sys::TupleDesc = std::ptr::null_mut();
+        if pg_sys::get_call_result_type(fcinfo, std::ptr::null_mut(), &mut desc)
+            != pg_sys::TypeFuncClass::TYPEFUNC_COMPOSITE
+        {
+            pgrx::error!("fenced_lock: the function's result is not a row type");
+        }
+        let store = pg_sys::tuplestore_begin_heap(true, false, pg_sys::work_mem);
+        (*rsinfo).returnMode = pg_sys::SetFunctionReturnMode::SFRM_Materialize;
+        (*rsinfo).setResult = store;
+        (*rsinfo).setDesc = desc;
+        pg_sys::MemoryContextSwitchTo(old);
+        for row in rows {
+            let mut values: Vec<Datum> = row.iter().map(|v| v.unwrap_or(Datum::from(0))).collect();
+            let mut nulls: Vec<bool> = row.iter().map(Option::is_none).collect();
+            pg_sys::tuplestore_putvalues(store, desc, values.as_mut_ptr(), nulls.as_mut_ptr());
+        }
+        Datum::from(0)
+    }
+}

@@ -29,6 +29,7 @@
 use crate::errors::{quote_name, sqlstate, token_text, FlError, MAX_NAME_BYTES};
 use crate::fence;
 use crate::guc_scope::GucScope;
+use crate::mode::LeaseMode;
 use crate::template::Template;
 use pgrx::pg_sys;
 use pgrx::pg_sys::Datum;
@@ -76,6 +77,8 @@ struct Guard {
     token_attnum: i32,
     /// Some template column's text form depends on session settings.
     canonical: bool,
+    /// Shared leases fence writes too (the third argument, `'shared'`).
+    accept_shared: bool,
 }
 
 enum Op {
@@ -148,7 +151,7 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
                 let row = (*td).tg_trigtuple;
                 let name = guard.lock_name(row, tupdesc)?;
                 let token = guard.token(row, tupdesc, &name)?;
-                fence::check(&name, token)?;
+                fence::check(&name, token, guard.accept_shared)?;
                 Ok(Datum::from(row))
             }
             Op::Update => {
@@ -158,11 +161,17 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
                 let token = guard.token(new, tupdesc, &name)?;
                 let old_name = guard.lock_name(old, tupdesc)?;
                 if old_name != name {
-                    check_delete(&old_name, "update moving a row out of")?;
+                    check_delete(&old_name, "update moving a row out of", guard.accept_shared)?;
                 }
-                fence::check(&name, token)?;
+                let mode = fence::check(&name, token, guard.accept_shared)?;
+                // Under an exclusive lease nobody with a later token can have
+                // written the row meanwhile, unless the lease was lost: a
+                // lower token means a stale writer. Shared leases and permits
+                // of one name are live together, each with its own token, so
+                // there the order of tokens says nothing (each write is
+                // fenced by its own lease being live).
                 if let Some(stored) = guard.stored_token(old, tupdesc) {
-                    if token < stored {
+                    if token < stored && mode == LeaseMode::Exclusive {
                         return Err(token_goes_backwards(&name, token, stored, Some(token)));
                     }
                 }
@@ -171,7 +180,7 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
             Op::Delete => {
                 let old = (*td).tg_trigtuple;
                 let name = guard.lock_name(old, tupdesc)?;
-                check_delete(&name, "delete under")?;
+                check_delete(&name, "delete under", guard.accept_shared)?;
                 Ok(Datum::from(old))
             }
             Op::Truncate => {
@@ -182,7 +191,7 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
                     return Err(guard_truncate_per_row(&guard.table, &guard.template_text));
                 }
                 let name = guard.template_text_name()?;
-                check_delete(&name, "truncate under")?;
+                check_delete(&name, "truncate under", guard.accept_shared)?;
                 Ok(Datum::from(0))
             }
         }
@@ -191,9 +200,9 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<Datum, FlError> {
 
 /// A delete, truncate or move away of rows under `name` needs a live token
 /// asserted in this transaction.
-fn check_delete(name: &str, what: &str) -> Result<(), FlError> {
+fn check_delete(name: &str, what: &str, accept_shared: bool) -> Result<(), FlError> {
     match fence::asserted_token(name) {
-        Some(token) => fence::check(name, token),
+        Some(token) => fence::check(name, token, accept_shared).map(|_| ()),
         None => Err(fence::delete_without_assert(name, what)),
     }
 }
@@ -205,9 +214,14 @@ unsafe fn resolve(
     args: &[String],
     tupdesc: pg_sys::TupleDesc,
 ) -> Result<Guard, FlError> {
-    if args.is_empty() || args.len() > 2 {
+    if args.is_empty() || args.len() > 3 {
         return Err(guard_bad_arguments(table, trigger, args.len()));
     }
+    let accept_shared = match args.get(2).map(String::as_str) {
+        None | Some("exclusive") => false,
+        Some("shared") => true,
+        Some(other) => return Err(guard_bad_modes(table, trigger, other)),
+    };
     let template_text = args[0].clone();
     let template =
         Template::parse(&template_text).map_err(|problem| guard_bad_template(table, trigger, &problem))?;
@@ -244,6 +258,7 @@ unsafe fn resolve(
         token_column,
         token_attnum,
         canonical,
+        accept_shared,
     };
     if guard.template.columns().is_empty() {
         guard.fixed_name = Some(guard.template_text_name()?);
@@ -468,10 +483,20 @@ fn guard_bad_arguments(table: &str, trigger: &str, count: usize) -> FlError {
     FlError::new(
         sqlstate::INVALID_PARAMETER_VALUE,
         format!(
-            "fenced_lock_guard: trigger \"{trigger}\" on \"{table}\" has {count} arguments; it takes a lock name template and optionally a token column"
+            "fenced_lock_guard: trigger \"{trigger}\" on \"{table}\" has {count} arguments; it takes a lock name template, and optionally a token column and the modes it accepts"
         ),
     )
     .hint("Example: EXECUTE FUNCTION fenced_lock_guard('inventory:{item_id}', 'fence_token').")
+}
+
+fn guard_bad_modes(table: &str, trigger: &str, modes: &str) -> FlError {
+    FlError::new(
+        sqlstate::INVALID_PARAMETER_VALUE,
+        format!(
+            "fenced_lock_guard: trigger \"{trigger}\" on \"{table}\" accepts modes \"{modes}\"; the third argument is 'exclusive' (the default: exclusive leases and permits) or 'shared' (shared leases too)"
+        ),
+    )
+    .hint("Example: EXECUTE FUNCTION fenced_lock_guard('inventory:{item_id}', 'fence_token', 'shared').")
 }
 
 fn guard_bad_template(table: &str, trigger: &str, problem: &str) -> FlError {

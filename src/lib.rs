@@ -49,6 +49,7 @@ mod guard;
 mod guc_scope;
 mod lease;
 mod locktags;
+mod mode;
 mod notify;
 mod registry;
 mod relcache;

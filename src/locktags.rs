@@ -9,7 +9,8 @@
 //!
 //! | lock | tag (field1, field2, field3, field4) | taken by |
 //! |---|---|---|
-//! | name lock | (db, `NAME_SPACE`, hashtext(name), `KIND`) | transitions exclusive; guard and assert shared |
+//! | name lock | (db, `NAME_SPACE`, hashtext(name), `KIND`) | a grant, exclusive, while it decides and writes (given back before commit) |
+//! | lease lock | (db, token >> 32, token & 0xffffffff, `LEASE_KIND`) | guard and assert `RowShare`; renew and proclaim `ShareUpdateExclusive`; every end of the lease `Exclusive` |
 //! | queue lock | (db, `QUEUE_SPACE`, hashtext(name), `KIND`) | waiters of `fenced_lock_acquire`, FIFO |
 //! | epoch lock | (db, `EPOCH_SPACE`, 0, `KIND`) | the once-per-timeline token jump |
 //! | registry lock | (0, `REGISTRY_SPACE`, 0, `KIND`) | creating the shared waiter registry |
@@ -30,24 +31,34 @@ pub const REGISTRY_SPACE: u32 = 0x464C_0004;
 pub const KIND: u16 = 0x464C;
 /// `locktag_field4` of session locks ('FM').
 pub const SESSION_KIND: u16 = 0x464D;
+/// `locktag_field4` of lease locks ('FN').
+pub const LEASE_KIND: u16 = 0x464E;
 
 #[derive(Clone, Copy)]
 pub struct LockTag {
     tag: pg_sys::LOCKTAG,
 }
 
+/// The lock manager's modes we use. Of these, `RowShare` conflicts only
+/// with `Exclusive`; `ShareUpdateExclusive` with itself, `Shared` and
+/// `Exclusive`; `Shared` with `ShareUpdateExclusive` and `Exclusive`;
+/// `Exclusive` with all four.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Mode {
+    RowShare,
+    ShareUpdateExclusive,
     Shared,
     Exclusive,
 }
 
 impl Mode {
     fn lockmode(self) -> pg_sys::LOCKMODE {
-        match self {
-            Mode::Shared => pg_sys::ShareLock as pg_sys::LOCKMODE,
-            Mode::Exclusive => pg_sys::ExclusiveLock as pg_sys::LOCKMODE,
-        }
+        (match self {
+            Mode::RowShare => pg_sys::RowShareLock,
+            Mode::ShareUpdateExclusive => pg_sys::ShareUpdateExclusiveLock,
+            Mode::Shared => pg_sys::ShareLock,
+            Mode::Exclusive => pg_sys::ExclusiveLock,
+        }) as pg_sys::LOCKMODE
     }
 }
 
@@ -100,6 +111,22 @@ impl LockTag {
     /// `token` belongs to, for as long as that session lives.
     pub fn session(token: i64) -> LockTag {
         LockTag::new(database(), (token as u64 >> 32) as u32, token as u64 as u32, SESSION_KIND)
+    }
+
+    /// Orders everything done under lease `token`: its guarded writes, its
+    /// renewals and its end.
+    pub fn lease(token: i64) -> LockTag {
+        LockTag::new(database(), (token as u64 >> 32) as u32, token as u64 as u32, LEASE_KIND)
+    }
+
+    /// The lock every transaction holds on its own id until it ends; taking
+    /// it in `Shared` mode waits for that transaction (as
+    /// `XactLockTableWait` does).
+    pub fn transaction(xid: pg_sys::TransactionId) -> LockTag {
+        let mut tag = LockTag::new(xid.into_inner(), 0, 0, 0);
+        tag.tag.locktag_type = pg_sys::LockTagType::LOCKTAG_TRANSACTION as u8;
+        tag.tag.locktag_lockmethodid = pg_sys::DEFAULT_LOCKMETHOD as u8;
+        tag
     }
 
     /// Take the lock until the end of the transaction, waiting as long as

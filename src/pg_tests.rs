@@ -18,6 +18,18 @@ mod tests {
         Spi::get_one::<bool>(q).expect("query failed")
     }
 
+    /// Tests run in parallel backends, and those that change the extension's
+    /// tables must not deadlock with the others: they take both tables at
+    /// once, in the order every lease change touches them (records, then
+    /// history), before anything else.
+    fn one_table_changer_at_a_time() {
+        Spi::run(
+            "LOCK TABLE fenced_lock_internal.granted_leases, fenced_lock_internal.lease_history \
+             IN ACCESS EXCLUSIVE MODE",
+        )
+        .unwrap();
+    }
+
     #[pg_test]
     fn try_acquire_grants_a_positive_token_and_records_the_lease() {
         let t = one_i64("SELECT fenced_lock_try_acquire('job:1', '30 seconds', 'w1')").unwrap();
@@ -225,21 +237,23 @@ mod tests {
 
     #[pg_test]
     fn a_history_table_with_a_dropped_column_still_gets_whole_rows() {
+        one_table_changer_at_a_time();
         // Rows are formed by attribute number: a dropped column in between
         // must stay NULL and shift nothing.
         let t = one_i64("SELECT fenced_lock_try_acquire('hist:6', '1 minute', 'w')").unwrap();
         assert!(fenced_release("hist:6", t));
-        assert!(crate::store::history_inserted_directly(), "the installed history table is written directly");
+        assert!(crate::store::written_directly().1, "the installed history table is written directly");
         Spi::run("ALTER TABLE fenced_lock_internal.lease_history ADD COLUMN gone int").unwrap();
         Spi::run("ALTER TABLE fenced_lock_internal.lease_history DROP COLUMN gone").unwrap();
         let t = one_i64("SELECT fenced_lock_try_acquire('hist:3', '1 minute', 'w')").unwrap();
         assert!(fenced_release("hist:3", t));
         assert_eq!(history_row(t).as_deref(), Some("w|t|f|release|t|t"));
-        assert!(crate::store::history_inserted_directly());
+        assert!(crate::store::written_directly().1);
     }
 
     #[pg_test]
     fn a_history_table_of_another_shape_is_written_by_insert() {
+        one_table_changer_at_a_time();
         // A column this library does not know (a newer catalog, or an operator's
         // addition): rows go through INSERT, which fills in its default.
         Spi::run(
@@ -249,7 +263,7 @@ mod tests {
         let t = one_i64("SELECT fenced_lock_try_acquire('hist:4', '1 minute', 'w')").unwrap();
         assert!(fenced_release("hist:4", t));
         assert_eq!(history_row(t).as_deref(), Some("w|t|f|release|t|t"));
-        assert!(!crate::store::history_inserted_directly());
+        assert!(!crate::store::written_directly().1);
         assert_eq!(
             Spi::get_one::<String>(&format!(
                 "SELECT note FROM fenced_lock_internal.lease_history WHERE token = {t}"
@@ -262,6 +276,7 @@ mod tests {
 
     #[pg_test]
     fn a_history_table_with_an_operators_indexes_and_trigger_is_written_by_insert() {
+        one_table_changer_at_a_time();
         // Rows inserted without the executor would skip the trigger and could not
         // maintain an expression or partial index: such a table gets INSERTs.
         Spi::run(
@@ -277,7 +292,7 @@ mod tests {
         .unwrap();
         let t = one_i64("SELECT fenced_lock_try_acquire('hist:5', '1 minute', 'W')").unwrap();
         assert!(fenced_release("hist:5", t));
-        assert!(!crate::store::history_inserted_directly());
+        assert!(!crate::store::written_directly().1);
         assert_eq!(history_row(t).as_deref(), Some("W|t|f|release|t|t"));
         assert_eq!(one_i64(&format!("SELECT count(*) FROM public.hist_seen WHERE token = {t}")), Some(1));
         // Both indexes hold the row, and only where they should.
@@ -318,5 +333,107 @@ mod tests {
     #[pg_test(error = "fenced_lock_try_acquire: argument \"session_bound\" must not be NULL (lock \"sb:2\")")]
     fn null_session_bound_is_rejected() {
         Spi::run("SELECT fenced_lock_try_acquire('sb:2', session_bound => NULL)").unwrap();
+    }
+
+    #[pg_test]
+    fn the_installed_lease_table_is_written_directly_with_its_partial_indexes_right() {
+        let plain = one_i64("SELECT fenced_lock_try_acquire('direct:1', '1 minute')").unwrap();
+        let held = one_i64("SELECT fenced_lock_try_acquire('direct:2', '1 minute', 'w9')").unwrap();
+        let bound =
+            one_i64("SELECT fenced_lock_try_acquire('direct:3', '1 minute', session_bound => true)").unwrap();
+        assert_eq!(crate::store::written_directly(), (true, true));
+        // Through the indexes only: each partial index holds exactly its rows.
+        Spi::run("SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off").unwrap();
+        assert_eq!(
+            one_i64(
+                "SELECT token FROM fenced_lock_internal.granted_leases WHERE session_bound AND token > 0"
+            ),
+            Some(bound)
+        );
+        assert_eq!(
+            one_i64("SELECT token FROM fenced_lock_internal.granted_leases WHERE holder = 'w9'"),
+            Some(held)
+        );
+        assert_eq!(
+            one_i64(
+                "SELECT token FROM fenced_lock_internal.granted_leases WHERE name = 'direct:1' AND token > 0"
+            ),
+            Some(plain)
+        );
+        // A renew moves the record (a new version, new index entries).
+        assert_eq!(one_bool(&format!("SELECT fenced_lock_renew('direct:2', {held}, '1 hour')")), Some(true));
+        assert_eq!(
+            one_i64("SELECT token FROM fenced_lock_internal.granted_leases WHERE holder = 'w9'"),
+            Some(held)
+        );
+        assert_eq!(one_bool(&format!("SELECT fenced_lock_validate('direct:2', {held})")), Some(true));
+    }
+
+    #[pg_test]
+    fn a_lease_table_with_an_operators_trigger_is_written_by_sql_and_the_trigger_runs() {
+        one_table_changer_at_a_time();
+        Spi::run(
+            "CREATE TABLE public.rec_seen (op text, token bigint); \
+             CREATE FUNCTION public.rec_seen() RETURNS trigger LANGUAGE plpgsql AS \
+               $$ BEGIN INSERT INTO public.rec_seen VALUES (TG_OP, coalesce(NEW.token, OLD.token)); \
+                  RETURN coalesce(NEW, OLD); END $$; \
+             CREATE TRIGGER seen AFTER INSERT OR UPDATE OR DELETE ON fenced_lock_internal.granted_leases \
+               FOR EACH ROW EXECUTE FUNCTION public.rec_seen()",
+        )
+        .unwrap();
+        let t = one_i64("SELECT fenced_lock_try_acquire('sql:1', '1 minute', 'w')").unwrap();
+        assert!(!crate::store::written_directly().0);
+        assert_eq!(one_bool(&format!("SELECT fenced_lock_renew('sql:1', {t})")), Some(true));
+        assert!(fenced_release("sql:1", t));
+        assert_eq!(
+            Spi::get_one::<String>(&format!(
+                "SELECT string_agg(op, ',' ORDER BY op) FROM public.rec_seen WHERE token = {t}"
+            ))
+            .unwrap()
+            .as_deref(),
+            Some("DELETE,INSERT,UPDATE")
+        );
+    }
+
+    #[pg_test]
+    fn shared_leases_live_together_and_exclude_an_exclusive_one() {
+        let a = one_i64("SELECT fenced_lock_try_acquire('rw:1', '1 minute', 'r1', shared => true)").unwrap();
+        let b = one_i64("SELECT fenced_lock_try_acquire('rw:1', '1 minute', 'r2', shared => true)").unwrap();
+        assert!(b > a);
+        assert_eq!(one_i64("SELECT fenced_lock_try_acquire('rw:1', '1 minute', 'w')"), None);
+        assert_eq!(
+            one_i64("SELECT fenced_lock_try_acquire('rw:1', '1 minute', 'r1', shared => true)"),
+            Some(a),
+            "the same holder gets its token back"
+        );
+        assert_eq!(
+            one_i64(
+                "SELECT count(*) FROM fenced_lock_leases WHERE name = 'rw:1' AND live AND mode = 'shared'"
+            ),
+            Some(2)
+        );
+        assert!(fenced_release("rw:1", a));
+        assert!(fenced_release("rw:1", b));
+        let w = one_i64("SELECT fenced_lock_try_acquire('rw:1', '1 minute', 'w')").unwrap();
+        assert!(w > b);
+        assert_eq!(one_i64("SELECT fenced_lock_try_acquire('rw:1', '1 minute', 'r3', shared => true)"), None);
+    }
+
+    #[pg_test]
+    fn a_semaphore_admits_exactly_its_count() {
+        let granted: Vec<Option<i64>> = (0..4)
+            .map(|_| one_i64("SELECT fenced_lock_try_acquire('sem:1', '1 minute', permits => 3)"))
+            .collect();
+        assert_eq!(granted.iter().filter(|t| t.is_some()).count(), 3);
+        assert_eq!(granted[3], None);
+        assert_eq!(
+            one_i64("SELECT count(*) FROM fenced_lock_leases WHERE name = 'sem:1' AND live AND permits = 3"),
+            Some(3)
+        );
+        let first = granted[0].unwrap();
+        assert!(fenced_release("sem:1", first));
+        assert!(
+            one_i64("SELECT fenced_lock_try_acquire('sem:1', '1 minute', permits => 3)").unwrap() > first
+        );
     }
 }

@@ -14,11 +14,15 @@
 //! slot (a seqlock), so nobody ever waits for anybody.
 
 use crate::locktags::{LockTag, Mode};
+use crate::mode::LeaseMode;
 use pgrx::pg_sys;
 use std::cell::Cell;
 use std::sync::atomic::{fence, AtomicU32, Ordering};
 
-const MAGIC: u64 = 0x464C_5245_4749_5354; // "FLREGIST"
+// "FLREGIS3": 0.3.0 added the mode to each slot. A backend of this library
+// never attaches a segment of another layout (a server not restarted since
+// an older library created it): it makes its own.
+const MAGIC: u64 = 0x464C_5245_4749_5333;
 const FILE: &str = "pg_dynshmem/fenced_lock.registry";
 const NAME_CAP: usize = crate::errors::MAX_NAME_BYTES;
 const HOLDER_CAP: usize = crate::errors::MAX_HOLDER_BYTES;
@@ -53,6 +57,9 @@ struct Slot {
     name_len: u32,
     /// -1 for a NULL holder
     holder_len: i32,
+    /// what it asked for: `shared` and `permits`, as stored in a record
+    shared: u32,
+    permits: i32,
     _pad: u32,
     waiting_since: i64,
     name: [u8; NAME_CAP],
@@ -69,6 +76,7 @@ pub struct Waiter {
     pub name: String,
     pub holder: Option<String>,
     pub waiting_since: i64,
+    pub mode: LeaseMode,
 }
 
 thread_local! {
@@ -200,10 +208,12 @@ fn publish(write: impl FnOnce(&mut Slot)) {
     PUBLISHED.with(|p| p.set(true));
 }
 
-/// This backend starts waiting for `name`.
-pub fn enter(name: &str, holder: Option<&str>, owner: pg_sys::Oid, waiting_since: i64) {
+/// This backend starts waiting for `name`, in `mode`.
+pub fn enter(name: &str, holder: Option<&str>, owner: pg_sys::Oid, waiting_since: i64, mode: LeaseMode) {
     publish(|s| {
         s.stage = Stage::Queued as u32;
+        s.shared = mode.shared() as u32;
+        s.permits = mode.permits();
         // SAFETY: plain accessors.
         unsafe {
             s.pid = pg_sys::MyProcPid;
@@ -285,6 +295,7 @@ fn waiter_of(s: &Slot) -> Option<Waiter> {
         name,
         holder,
         waiting_since: s.waiting_since,
+        mode: LeaseMode::stored(s.shared != 0, s.permits),
     })
 }
 
@@ -321,6 +332,7 @@ mod tests {
             name: "n".into(),
             holder: None,
             waiting_since: 0,
+            mode: LeaseMode::Exclusive,
         }
     }
 

@@ -15,7 +15,6 @@
 
 use crate::errors::FlError;
 use crate::locktags::{LockTag, Mode};
-use crate::spi::Statement;
 use pgrx::pg_sys;
 use pgrx::pg_sys::Datum;
 
@@ -36,28 +35,26 @@ pub fn epoch_for_timeline(timeline: u32) -> i64 {
     (timeline as i64 - 1).max(0)
 }
 
-static SETVAL: Statement = Statement {
-    sql: "SELECT pg_catalog.setval($1, $2, true)",
-    args: &[pg_sys::REGCLASSOID, pg_sys::INT8OID],
-};
-
-// nextval_oid is called through DirectFunctionCall; pgrx's binding of it is a
-// Rust wrapper, which fmgr cannot take as a function pointer.
+// Called directly or through DirectFunctionCall; pgrx's bindings of these
+// are missing or Rust wrappers, which fmgr cannot take as function pointers.
 unsafe extern "C-unwind" {
-    fn nextval_oid(fcinfo: pg_sys::FunctionCallInfo) -> Datum;
+    fn nextval_internal(relid: pg_sys::Oid, check_permissions: bool) -> i64;
+    fn setval_oid(fcinfo: pg_sys::FunctionCallInfo) -> Datum;
 }
 
 fn nextval(seq: pg_sys::Oid) -> i64 {
-    // SAFETY: nextval_oid takes a regclass datum; the sequence exists (looked
-    // up by the caller) and its owner runs this call.
-    let d =
-        unsafe { pg_sys::DirectFunctionCall1Coll(Some(nextval_oid), pg_sys::InvalidOid, Datum::from(seq)) };
-    d.value() as i64
+    // SAFETY: the sequence exists (looked up by the caller). The library
+    // calls this only for a grant its caller may make; the sequence's own
+    // privileges (nobody but its owner has any) keep everyone else away.
+    unsafe { nextval_internal(seq, false) }
 }
 
 /// A new token, greater than every token handed out before, even across a
-/// failover (docs/design.md, "Tokens"). Callers have checked `xact::check_writable`.
-pub fn next_token(spi: &crate::spi::Connection, seq: pg_sys::Oid) -> Result<i64, FlError> {
+/// failover (docs/design.md, "Tokens"). Callers have checked
+/// `xact::check_writable`. `as_owner` runs its argument as the sequence's
+/// owner: the rare jump to a new epoch goes through `setval`, which checks
+/// privileges.
+pub fn next_token(seq: pg_sys::Oid, as_owner: impl FnOnce(&dyn Fn())) -> Result<i64, FlError> {
     crate::xact::check_writable("fenced_lock")?;
     let epoch = epoch_for_timeline(crate::compat::insert_timeline());
     let token = nextval(seq);
@@ -71,7 +68,17 @@ pub fn next_token(spi: &crate::spi::Connection, seq: pg_sys::Oid) -> Result<i64,
     epoch_lock.lock(Mode::Exclusive);
     let mut token = nextval(seq);
     if epoch_of(token) < epoch {
-        spi.run(&SETVAL, &[Some(Datum::from(seq)), Some(Datum::from(epoch_floor(epoch)))]);
+        as_owner(&|| {
+            // SAFETY: setval(regclass, bigint) of our sequence, run as its owner.
+            unsafe {
+                pg_sys::DirectFunctionCall2Coll(
+                    Some(setval_oid),
+                    pg_sys::InvalidOid,
+                    Datum::from(seq),
+                    Datum::from(epoch_floor(epoch)),
+                );
+            }
+        });
         token = nextval(seq);
     }
     epoch_lock.unlock(Mode::Exclusive);

@@ -46,6 +46,8 @@ fn fl_waiters() -> TableIterator<
         name!(owner, pg_sys::Oid),
         name!(waiting_since, Option<TimestampWithTimeZone>),
         name!(position, i32),
+        name!(mode, &'static str),
+        name!(permits, Option<i32>),
     ),
 > {
     // SAFETY: plain accessor.
@@ -62,7 +64,16 @@ fn fl_waiters() -> TableIterator<
         for (i, position) in ranked {
             let w = waiters[i];
             let since = TimestampWithTimeZone::try_from(w.waiting_since).ok();
-            rows.push((w.name.clone(), w.pid, w.holder.clone(), w.owner, since, position));
+            rows.push((
+                w.name.clone(),
+                w.pid,
+                w.holder.clone(),
+                w.owner,
+                since,
+                position,
+                w.mode.as_str(),
+                w.mode.capacity(),
+            ));
         }
     }
     TableIterator::new(rows)
@@ -101,6 +112,49 @@ fn fl_stats() -> TableIterator<
         c[9],
         crate::stats::preloaded(),
     ))
+}
+
+/// The counters of the lease events by mode since server start, NULL unless
+/// the library is preloaded.
+#[pg_extern(sql = false)]
+#[allow(clippy::type_complexity)]
+fn fl_stats_by_mode() -> TableIterator<
+    'static,
+    (
+        name!(mode, &'static str),
+        name!(grants, Option<i64>),
+        name!(renewals, Option<i64>),
+        name!(releases, Option<i64>),
+        name!(expiries, Option<i64>),
+        name!(force_releases, Option<i64>),
+        name!(session_ends, Option<i64>),
+        name!(waits, Option<i64>),
+        name!(wait_timeouts, Option<i64>),
+    ),
+> {
+    let rows: Vec<_> = match crate::stats::snapshot_by_mode() {
+        Some(by_mode) => by_mode
+            .into_iter()
+            .map(|(m, c)| {
+                (
+                    m,
+                    Some(c[0]),
+                    Some(c[1]),
+                    Some(c[2]),
+                    Some(c[3]),
+                    Some(c[4]),
+                    Some(c[5]),
+                    Some(c[6]),
+                    Some(c[7]),
+                )
+            })
+            .collect(),
+        None => ["exclusive", "shared", "permit"]
+            .into_iter()
+            .map(|m| (m, None, None, None, None, None, None, None, None))
+            .collect(),
+    };
+    TableIterator::new(rows)
 }
 
 /// For the views: may the current role see token and holder of a lease owned

@@ -4,17 +4,24 @@
 //! 1. One attempt as `fenced_lock_try_acquire` makes it, never waiting
 //!    (granted if the name is free and nobody is queued, or if the same
 //!    holder or session asks again).
-//! 2. Otherwise the waiter queues on the name's queue lock. PostgreSQL's lock
-//!    manager keeps the queue: arrival order, asleep, cancellable,
-//!    deadlock-checked. Waiters never queue on the name lock, so they never
-//!    block the holder's guarded writes or its release.
+//! 2. Otherwise the waiter queues on the name's queue lock, whatever mode it
+//!    asks for. PostgreSQL's lock manager keeps the queue: arrival order,
+//!    asleep, cancellable, deadlock-checked. Waiters never queue on a lock a
+//!    holder needs, so they never block its guarded writes or its release.
 //! 3. The holder of the queue lock is the head waiter. It alone watches the
-//!    lease: it waits for in-flight guarded writes on the name lock, then
-//!    sleeps on its latch until the lease's expiry instant (at most
-//!    `RECHECK_MS`); a release, force release, shortening renew or the end of
-//!    the holder's session sets its latch at once (found through the lock
-//!    manager: whoever holds the queue lock). When it gets the lease, its
-//!    queue lock goes at commit and the next waiter is head.
+//!    name. What stands in the way decides how it waits: an ended lease
+//!    with a guarded write in flight, on that lease's lock (this is where a
+//!    takeover waits for the write); an uncommitted grant or end, on that
+//!    transaction; live leases, asleep on its latch until the first of them
+//!    expires (at most `RECHECK_MS`). A release, force release, shortening
+//!    renew or the end of a holder's session sets its latch at once (found
+//!    through the lock manager: whoever holds the queue lock). When it is
+//!    granted, its queue lock goes at commit and the next waiter is head:
+//!    a semaphore's waiters are served one after the other as permits free,
+//!    shared waiters one after the other while shared leases are live, and a
+//!    queued exclusive request keeps later shared ones behind it.
+//! 4. An acquire that could only be granted once a lease of its own session
+//!    ends fails at once (`FL003`) instead of waiting for itself.
 //!
 //! `wait` and `lock_timeout` (whichever is shorter) bound every part of the
 //! wait, lock-manager waits included; cancel and `statement_timeout` end it at
@@ -24,7 +31,7 @@
 
 use crate::clock::now;
 use crate::errors::{quote_name, sqlstate, FlError};
-use crate::lease::{attempt_acquire, AcquireRequest, Attempt};
+use crate::lease::{attempt_acquire, conflict_error, AcquireRequest, Attempt, Conflict};
 use crate::locktags::{LockTag, Mode};
 use crate::stats::Event;
 use crate::{compat, registry, stats};
@@ -34,32 +41,75 @@ use pgrx::{PgSqlErrorCode, PgTryBuilder};
 /// The head re-reads the lease, and checks its client, at least this often.
 const RECHECK_MS: i64 = 500;
 
-fn wait_timeout(name: &str, waited_ms: i64) -> FlError {
+fn wait_timeout(function: &str, name: &str, waited_ms: i64) -> FlError {
     FlError::new(
         sqlstate::LOCK_NOT_AVAILABLE,
-        format!("fenced_lock_acquire: lock {} not granted within {waited_ms} ms", quote_name(name)),
+        format!("{function}: lock {} not granted within {waited_ms} ms", quote_name(name)),
     )
     .hint("Another holder has the lease; retry later, pass a longer wait, or use fenced_lock_try_acquire.")
 }
 
 /// `fenced_lock_acquire`: `wait` None waits until granted or cancelled.
-pub fn acquire(req: &AcquireRequest, wait_micros: Option<i64>) -> Result<i64, FlError> {
+pub fn acquire(function: &str, req: &AcquireRequest, wait_micros: Option<i64>) -> Result<i64, FlError> {
     let start = now();
-    let deadline =
-        effective_wait(wait_micros, session_lock_timeout_micros()).map(|w| start.saturating_add(w));
-    let timed_out = || wait_timeout(req.name, (now() - start) / 1000);
+    acquire_until(function, req, start, deadline(start, wait_micros))
+}
 
-    if let Attempt::Granted(token) =
-        attempt_acquire(req, |name_lock| Ok(name_lock.try_lock(Mode::Exclusive)))?
-    {
-        return Ok(token);
+/// `fenced_lock_acquire_all`: every name of `names` (distinct), waiting for
+/// each in its own line, in byte order of the names (so two callers never
+/// wait for each other in a circle), all within one `wait`. The tokens come
+/// back in the order given. Nothing is granted unless everything is: any
+/// error, a timeout included, rolls the whole call back with its statement.
+pub fn acquire_all(
+    function: &str,
+    names: &[String],
+    template: &AcquireRequest,
+    wait_micros: Option<i64>,
+) -> Result<Vec<i64>, FlError> {
+    let start = now();
+    let deadline = deadline(start, wait_micros);
+    let mut order: Vec<usize> = (0..names.len()).collect();
+    order.sort_by(|&a, &b| names[a].as_bytes().cmp(names[b].as_bytes()));
+    let mut tokens = vec![0; names.len()];
+    for i in order {
+        tokens[i] =
+            acquire_until(function, &AcquireRequest { name: &names[i], ..*template }, start, deadline)?;
+    }
+    Ok(tokens)
+}
+
+/// The instant a wait that started at `start` must end: `wait` and
+/// `lock_timeout`, whichever is shorter; None for no bound.
+fn deadline(start: i64, wait_micros: Option<i64>) -> Option<i64> {
+    effective_wait(wait_micros, session_lock_timeout_micros()).map(|w| start.saturating_add(w))
+}
+
+fn acquire_until(
+    function: &str,
+    req: &AcquireRequest,
+    start: i64,
+    deadline: Option<i64>,
+) -> Result<i64, FlError> {
+    let timed_out = || {
+        stats::count(Event::WaitTimeout, Some(req.mode));
+        wait_timeout(function, req.name, (now() - start) / 1000)
+    };
+    let own_lease = |token| conflict_error(function, req.name, req.mode, Conflict::OwnLease { token });
+
+    match attempt_acquire(function, req)? {
+        Attempt::Granted(token) => return Ok(token),
+        Attempt::Busy { busy, .. } => {
+            if let Some(token) = busy.own {
+                return Err(own_lease(token));
+            }
+        }
     }
     if deadline.is_some_and(|d| now() >= d) {
         return Err(timed_out());
     }
 
-    stats::count(Event::Wait);
-    registry::enter(req.name, req.holder, req.caller, start);
+    stats::count(Event::Wait, Some(req.mode));
+    registry::enter(req.name, req.holder, req.caller, start, req.mode);
     lock_until(&LockTag::queue(req.name), Mode::Exclusive, deadline, &timed_out)?;
     registry::at_head();
     loop {
@@ -68,22 +118,36 @@ pub fn acquire(req: &AcquireRequest, wait_micros: Option<i64>) -> Result<i64, Fl
         if compat::client_gone() {
             compat::leave_because_client_gone();
         }
-        let attempt = attempt_acquire(req, |name_lock| {
-            lock_until(name_lock, Mode::Exclusive, deadline, &timed_out).map(|()| true)
-        })?;
-        let expires_at = match attempt {
+        let (busy, ended_in_use) = match attempt_acquire(function, req)? {
             Attempt::Granted(token) => {
                 registry::leave();
                 return Ok(token);
             }
-            Attempt::Busy { expires_at } => expires_at,
+            Attempt::Busy { busy, ended_in_use } => (busy, ended_in_use),
         };
+        if let Some(token) = busy.own {
+            return Err(own_lease(token));
+        }
+        // A lease that ended still has a guarded write in flight: this is
+        // where a takeover waits for it. Its lock, once ours, stays ours
+        // until commit, so the next attempt can end it.
+        if let Some(token) = ended_in_use {
+            lock_until(&LockTag::lease(token), Mode::Exclusive, deadline, &timed_out)?;
+            continue;
+        }
+        // Only an uncommitted grant or end is in the way: wait for its transaction.
+        if let Some(xid) = busy.in_flight {
+            let tx = LockTag::transaction(xid);
+            lock_until(&tx, Mode::Shared, deadline, &timed_out)?;
+            tx.unlock(Mode::Shared);
+            continue;
+        }
         let now = now();
         if deadline.is_some_and(|d| now >= d) {
             return Err(timed_out());
         }
         let mut sleep_ms = RECHECK_MS;
-        if let Some(e) = expires_at {
+        if let Some(e) = busy.expires_at {
             // wake just after the expiry instant
             sleep_ms = sleep_ms.min((e - now) / 1000 + 1);
         }

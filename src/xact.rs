@@ -39,6 +39,51 @@ pub fn check_writable(function: &str) -> Result<(), FlError> {
     }
 }
 
+/// Run `work` in a subtransaction, as a PL/pgSQL exception block would: kept
+/// (part of the caller's transaction) when it returns `Ok(Some(_))`, rolled
+/// back when it returns `Ok(None)` or `Err(_)`, and rolled back when a
+/// PostgreSQL error ends it (the error then goes on up).
+pub fn in_subtransaction<T>(work: impl FnOnce() -> Result<Option<T>, FlError>) -> Result<Option<T>, FlError> {
+    // SAFETY: the standard internal-subtransaction dance (PL/pgSQL's
+    // exec_stmt_block): remember the memory context and resource owner, and
+    // restore both whichever way the subtransaction ends.
+    unsafe {
+        let context = pg_sys::CurrentMemoryContext;
+        let owner = pg_sys::CurrentResourceOwner;
+        pg_sys::BeginInternalSubTransaction(std::ptr::null());
+        pg_sys::MemoryContextSwitchTo(context);
+        let restore = move || {
+            pg_sys::MemoryContextSwitchTo(context);
+            pg_sys::CurrentResourceOwner = owner;
+        };
+        let work = std::panic::AssertUnwindSafe(work);
+        let outcome = PgTryBuilder::new(move || {
+            let work = work;
+            (work.0)()
+        })
+        .catch_others(move |error| {
+            restore();
+            pg_sys::RollbackAndReleaseCurrentSubTransaction();
+            restore();
+            error.rethrow()
+        })
+        .execute();
+        match outcome {
+            Ok(Some(kept)) => {
+                pg_sys::ReleaseCurrentSubTransaction();
+                restore();
+                Ok(Some(kept))
+            }
+            other => {
+                restore();
+                pg_sys::RollbackAndReleaseCurrentSubTransaction();
+                restore();
+                other
+            }
+        }
+    }
+}
+
 /// Run `work` in a transaction of its own while the backend exits, as
 /// PostgreSQL's own temp-table cleanup does: end whatever transaction the
 /// session was in, start one, commit it. An error rolls that transaction back

@@ -1,14 +1,16 @@
-//! Raw heap and index access for the store: tuple positions, index scans
-//! with `SnapshotSelf`, deformed rows, and the direct insert of a row with
-//! its index entries. No SQL, no executor: callers have made sure the
-//! relations are the ones they expect (`catalog.rs`).
+//! Raw heap and index access for the store: tuple positions, index scans,
+//! deformed rows, and writing rows with their index entries the way
+//! PostgreSQL writes its own catalogs. No SQL, no executor, no permission
+//! checks: callers have made sure the relations are the ones they expect
+//! (`catalog.rs`), and that nothing the executor would do is skipped
+//! (`table_is_plain`).
 
 use pgrx::pg_sys;
 use pgrx::pg_sys::Datum;
 use std::ffi::CString;
 
 /// Where a tuple is stored (its `ctid`), as block << 16 | offset.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
 pub struct Tid(pub u64);
 
 impl Tid {
@@ -61,31 +63,70 @@ pub struct ScanKey {
     pub argument: Datum,
 }
 
-/// Scan `table` through `index` for `key` (its `attno` is the table's column;
-/// systable_beginscan maps it to the index's) with `SnapshotSelf`, in index
-/// order, handing up to `limit` tuples to `each`.
+/// Which tuples a scan sees.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Visibility {
+    /// What is committed now, plus this transaction's own changes (`SnapshotSelf`).
+    Committed,
+    /// That, plus what other transactions are inserting or deleting right now
+    /// (`SnapshotDirty`), each tuple told with the transactions in progress.
+    WithInProgress,
+}
+
+/// Other transactions at work on a tuple seen `WithInProgress`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct InProgress {
+    /// it is being inserted by this transaction, not yet committed
+    pub inserting: Option<pg_sys::TransactionId>,
+    /// it is being deleted (or updated) by this transaction
+    pub deleting: Option<pg_sys::TransactionId>,
+}
+
+fn valid(xid: pg_sys::TransactionId) -> Option<pg_sys::TransactionId> {
+    (xid != pg_sys::InvalidTransactionId).then_some(xid)
+}
+
+/// Scan `table` through `index` for `keys` (their `attno`s are the table's
+/// columns; systable_beginscan maps them to the index's), in index order,
+/// handing up to `limit` tuples to `each`.
 pub fn scan(
     table: pg_sys::Oid,
     index: pg_sys::Oid,
-    key: ScanKey,
+    keys: &[ScanKey],
     limit: usize,
-    mut each: impl FnMut(pg_sys::HeapTuple, pg_sys::TupleDesc),
+    visibility: Visibility,
+    mut each: impl FnMut(pg_sys::HeapTuple, pg_sys::TupleDesc, InProgress),
 ) {
     // SAFETY: the table and index exist (looked up by `catalog::objects`, and
     // any DROP invalidates that cache); AccessShareLock keeps them until
-    // commit. `each` copies what it keeps before the scan moves on.
+    // commit. `each` copies what it keeps before the scan moves on. A dirty
+    // snapshot is a plain struct the scan fills in for each tuple.
     unsafe {
         let rel = pg_sys::table_open(table, pg_sys::AccessShareLock as i32);
-        let mut skey: pg_sys::ScanKeyData = std::mem::zeroed();
-        pg_sys::ScanKeyInit(
-            &mut skey,
-            key.attno,
-            key.strategy as u16,
-            pg_sys::Oid::from(key.procedure),
-            key.argument,
-        );
+        let mut skeys: Vec<pg_sys::ScanKeyData> = keys
+            .iter()
+            .map(|k| {
+                let mut skey: pg_sys::ScanKeyData = std::mem::zeroed();
+                pg_sys::ScanKeyInit(
+                    &mut skey,
+                    k.attno,
+                    k.strategy as u16,
+                    pg_sys::Oid::from(k.procedure),
+                    k.argument,
+                );
+                skey
+            })
+            .collect();
+        let mut dirty = pg_sys::SnapshotData {
+            snapshot_type: pg_sys::SnapshotType::SNAPSHOT_DIRTY,
+            ..Default::default()
+        };
+        let snapshot: pg_sys::Snapshot = match visibility {
+            Visibility::Committed => &raw mut pg_sys::SnapshotSelfData,
+            Visibility::WithInProgress => &mut dirty,
+        };
         let scan =
-            pg_sys::systable_beginscan(rel, index, true, &raw mut pg_sys::SnapshotSelfData, 1, &mut skey);
+            pg_sys::systable_beginscan(rel, index, true, snapshot, skeys.len() as i32, skeys.as_mut_ptr());
         let mut seen = 0;
         while seen < limit {
             let tuple = pg_sys::systable_getnext(scan);
@@ -93,7 +134,13 @@ pub fn scan(
                 break;
             }
             seen += 1;
-            each(tuple, (*rel).rd_att);
+            let in_progress = match visibility {
+                Visibility::Committed => InProgress::default(),
+                Visibility::WithInProgress => {
+                    InProgress { inserting: valid((*snapshot).xmin), deleting: valid((*snapshot).xmax) }
+                }
+            };
+            each(tuple, (*rel).rd_att, in_progress);
         }
         pg_sys::systable_endscan(scan);
         pg_sys::table_close(rel, pg_sys::NoLock as i32);
@@ -155,12 +202,30 @@ impl Row {
     }
 }
 
-/// Insert one row into `table` (`values[i]` into attribute `attnos[i]`,
-/// `None` is NULL; columns not given are NULL), with its index entries, as
-/// PostgreSQL writes its own catalogs: no executor, so no triggers and no
-/// constraint checks beyond the unique indexes. The caller gives every NOT
-/// NULL column and has made sure with `catalog::inserted_plainly` that
-/// nothing is skipped.
+/// Values for the columns of `table`'s descriptor: `given[i]` (`None` is
+/// NULL) goes into attribute `attnos[i]`; columns not given are NULL.
+unsafe fn full_row(
+    desc: pg_sys::TupleDesc,
+    attnos: &[i16],
+    given: &[Option<Datum>],
+) -> (Vec<Datum>, Vec<bool>) {
+    // SAFETY: a valid descriptor.
+    let natts = unsafe { (*desc).natts } as usize;
+    let mut datums = vec![Datum::from(0); natts];
+    let mut nulls = vec![true; natts];
+    for (&attno, &value) in attnos.iter().zip(given) {
+        if let Some(d) = value {
+            datums[attno as usize - 1] = d;
+            nulls[attno as usize - 1] = false;
+        }
+    }
+    (datums, nulls)
+}
+
+/// Insert one row into `table` with its index entries, as PostgreSQL writes
+/// its own catalogs (`CatalogTupleInsert`). The caller gives every NOT NULL
+/// column and has made sure with `table_is_plain(table, &[])` that nothing
+/// is skipped.
 pub fn insert_row(table: pg_sys::Oid, attnos: &[i16], values: &[Option<Datum>]) {
     // SAFETY: `table` exists (looked up by `catalog::objects`, which any DDL
     // on it invalidates); the arrays have one entry per attribute of its
@@ -169,22 +234,165 @@ pub fn insert_row(table: pg_sys::Oid, attnos: &[i16], values: &[Option<Datum>]) 
     // is kept until commit.
     unsafe {
         let rel = pg_sys::table_open(table, pg_sys::RowExclusiveLock as i32);
-        let desc = (*rel).rd_att;
-        let natts = (*desc).natts as usize;
-        let mut datums = vec![Datum::from(0); natts];
-        let mut nulls = vec![true; natts];
-        for (&attno, &value) in attnos.iter().zip(values) {
-            if let Some(d) = value {
-                datums[attno as usize - 1] = d;
-                nulls[attno as usize - 1] = false;
-            }
-        }
-        let tuple = pg_sys::heap_form_tuple(desc, datums.as_mut_ptr(), nulls.as_mut_ptr());
+        let (mut datums, mut nulls) = full_row((*rel).rd_att, attnos, values);
+        let tuple = pg_sys::heap_form_tuple((*rel).rd_att, datums.as_mut_ptr(), nulls.as_mut_ptr());
         pg_sys::CatalogTupleInsert(rel, tuple);
         pg_sys::heap_freetuple(tuple);
         pg_sys::table_close(rel, pg_sys::NoLock as i32);
         // Visible to the next statement and to later reads, as after SPI.
         pg_sys::CommandCounterIncrement();
+    }
+}
+
+/// Insert one row into `table` and its entries into the indexes for which
+/// `indexed(index)` says so (partial indexes: the caller applies their
+/// predicates). Returns where the row went.
+pub fn insert_with_indexes(
+    table: pg_sys::Oid,
+    attnos: &[i16],
+    values: &[Option<Datum>],
+    indexed: impl Fn(pg_sys::Oid) -> bool,
+) -> Tid {
+    // SAFETY: as in `insert_row`; the caller checked `table_is_plain` with
+    // the partial indexes `indexed` decides for.
+    unsafe {
+        let rel = pg_sys::table_open(table, pg_sys::RowExclusiveLock as i32);
+        let (mut datums, mut nulls) = full_row((*rel).rd_att, attnos, values);
+        let tuple = pg_sys::heap_form_tuple((*rel).rd_att, datums.as_mut_ptr(), nulls.as_mut_ptr());
+        pg_sys::simple_heap_insert(rel, tuple);
+        index_entries(rel, tuple, &datums, &nulls, &indexed);
+        let tid = Tid::from_item_pointer(&(*tuple).t_self);
+        pg_sys::heap_freetuple(tuple);
+        pg_sys::table_close(rel, pg_sys::NoLock as i32);
+        pg_sys::CommandCounterIncrement();
+        tid
+    }
+}
+
+/// Replace columns of the row at `tid` (`(attno, value)`, `None` is NULL),
+/// adding index entries for the new version unless the update was HOT.
+/// Returns where the new version is. The caller holds what keeps anyone
+/// else from changing this row (its lease lock).
+pub fn update_columns(
+    table: pg_sys::Oid,
+    tid: Tid,
+    replace: &[(i16, Option<Datum>)],
+    indexed: impl Fn(pg_sys::Oid) -> bool,
+) -> Tid {
+    // SAFETY: `tid` was found by a scan of this transaction and nobody else
+    // may change the row (the caller's lock); the arrays have one entry per
+    // attribute; simple_heap_update raises an error rather than overwrite a
+    // concurrent change.
+    unsafe {
+        let rel = pg_sys::table_open(table, pg_sys::RowExclusiveLock as i32);
+        let desc = (*rel).rd_att;
+        let natts = (*desc).natts as usize;
+        let mut old: pg_sys::HeapTupleData = std::mem::zeroed();
+        tid.write(&mut old.t_self);
+        let mut buffer: pg_sys::Buffer = 0;
+        if !crate::compat::heap_fetch(rel, &raw mut pg_sys::SnapshotSelfData, &mut old, &mut buffer) {
+            pgrx::error!("fenced_lock: lease record at {:?} vanished under its lock", tid);
+        }
+        let mut values = vec![Datum::from(0); natts];
+        let mut nulls = vec![false; natts];
+        let mut replaces = vec![false; natts];
+        for &(attno, value) in replace {
+            let i = attno as usize - 1;
+            replaces[i] = true;
+            match value {
+                Some(d) => values[i] = d,
+                None => nulls[i] = true,
+            }
+        }
+        let new = pg_sys::heap_modify_tuple(
+            &mut old,
+            desc,
+            values.as_mut_ptr(),
+            nulls.as_mut_ptr(),
+            replaces.as_mut_ptr(),
+        );
+        pg_sys::ReleaseBuffer(buffer);
+        let mut otid = old.t_self;
+        if crate::compat::simple_heap_update(rel, &mut otid, new) {
+            let (mut datums, mut isnull) = (vec![Datum::from(0); natts], vec![true; natts]);
+            pg_sys::heap_deform_tuple(new, desc, datums.as_mut_ptr(), isnull.as_mut_ptr());
+            index_entries(rel, new, &datums, &isnull, &indexed);
+        }
+        let moved = Tid::from_item_pointer(&(*new).t_self);
+        pg_sys::heap_freetuple(new);
+        pg_sys::table_close(rel, pg_sys::NoLock as i32);
+        pg_sys::CommandCounterIncrement();
+        moved
+    }
+}
+
+/// Delete the row at `tid`. The caller holds what keeps anyone else from
+/// changing this row.
+pub fn delete_row(table: pg_sys::Oid, tid: Tid) {
+    // SAFETY: as in `update_columns`; simple_heap_delete raises an error
+    // rather than delete a row someone else changed.
+    unsafe {
+        let rel = pg_sys::table_open(table, pg_sys::RowExclusiveLock as i32);
+        let mut t: pg_sys::ItemPointerData = std::mem::zeroed();
+        tid.write(&mut t);
+        pg_sys::simple_heap_delete(rel, &mut t);
+        pg_sys::table_close(rel, pg_sys::NoLock as i32);
+        pg_sys::CommandCounterIncrement();
+    }
+}
+
+/// Index entries for `tuple` (whose deformed values are `datums`/`nulls`)
+/// in every index of `rel` that `indexed` accepts.
+///
+/// # Safety
+/// `rel` is open with RowExclusiveLock; its indexes are plain (no
+/// expressions), as `table_is_plain` checked.
+unsafe fn index_entries(
+    rel: pg_sys::Relation,
+    tuple: pg_sys::HeapTuple,
+    datums: &[Datum],
+    nulls: &[bool],
+    indexed: &dyn Fn(pg_sys::Oid) -> bool,
+) {
+    // SAFETY: as the caller promises; each index is opened and closed here,
+    // its key columns read from its IndexInfo.
+    unsafe {
+        let list = pg_sys::RelationGetIndexList(rel);
+        if list.is_null() {
+            return;
+        }
+        for cell in std::slice::from_raw_parts((*list).elements, (*list).length as usize) {
+            let oid = cell.oid_value;
+            if !indexed(oid) {
+                continue;
+            }
+            let index = pg_sys::index_open(oid, pg_sys::RowExclusiveLock as i32);
+            let info = pg_sys::BuildIndexInfo(index);
+            let n = (*info).ii_NumIndexAttrs as usize;
+            let mut values = vec![Datum::from(0); n];
+            let mut isnull = vec![true; n];
+            for k in 0..n {
+                let attno = (*info).ii_IndexAttrNumbers[k] as usize;
+                values[k] = datums[attno - 1];
+                isnull[k] = nulls[attno - 1];
+            }
+            let unique = if (*(*index).rd_index).indisunique {
+                pg_sys::IndexUniqueCheck::UNIQUE_CHECK_YES
+            } else {
+                pg_sys::IndexUniqueCheck::UNIQUE_CHECK_NO
+            };
+            crate::compat::index_insert(
+                index,
+                values.as_mut_ptr(),
+                isnull.as_mut_ptr(),
+                &mut (*tuple).t_self,
+                rel,
+                unique,
+                info,
+            );
+            pg_sys::index_close(index, pg_sys::NoLock as i32);
+        }
+        pg_sys::list_free(list);
     }
 }
 
@@ -215,13 +423,14 @@ pub fn live_columns(table: pg_sys::Oid) -> usize {
     (1..=natts as i16).filter(|&a| unsafe { pg_sys::get_atttype(table, a) } != pg_sys::InvalidOid).count()
 }
 
-/// Can `insert_row` put rows into `table` with nothing skipped? It runs
-/// no executor, so: a plain table without triggers, rules, CHECK constraints
-/// or row security, whose indexes (all maintained by `CatalogTupleInsert`)
-/// are on plain columns, without a predicate, an exclusion constraint or a
-/// deferred check. An expression index would crash it; a partial index
-/// would get entries for rows outside its predicate.
-pub fn inserted_plainly(table: pg_sys::Oid) -> bool {
+/// Can rows of `table` be written here with nothing skipped? No executor
+/// runs, so: a plain table without triggers, rules, CHECK constraints or
+/// row security, whose indexes are on plain columns, without an exclusion
+/// constraint or a deferred check, and without a predicate unless they are
+/// among `own_partial` (whose predicates the caller applies). An expression
+/// index would crash a direct insert; a partial index would get entries for
+/// rows outside its predicate.
+pub fn table_is_plain(table: pg_sys::Oid, own_partial: &[pg_sys::Oid]) -> bool {
     // SAFETY: relcache lookups, each closed at once; the index list is a
     // list of OIDs (array-based in every supported major) freed here.
     unsafe {
@@ -240,21 +449,32 @@ pub fn inserted_plainly(table: pg_sys::Oid) -> bool {
             let indexes = pg_sys::RelationGetIndexList(rel);
             if !indexes.is_null() {
                 for cell in std::slice::from_raw_parts((*indexes).elements, (*indexes).length as usize) {
-                    let index = pg_sys::RelationIdGetRelation(cell.oid_value);
-                    if index.is_null() {
-                        plain = false;
-                        break;
-                    }
-                    let form = &*(*index).rd_index;
-                    plain &= !form.indisexclusion
-                        && form.indimmediate
-                        && pg_sys::RelationGetIndexExpressions(index).is_null()
-                        && pg_sys::RelationGetIndexPredicate(index).is_null();
-                    pg_sys::RelationClose(index);
+                    plain &= index_is_plain(cell.oid_value, own_partial.contains(&cell.oid_value));
                 }
                 pg_sys::list_free(indexes);
             }
         }
+        pg_sys::RelationClose(rel);
+        plain
+    }
+}
+
+/// A btree on plain columns, immediate, no exclusion constraint, and
+/// without a predicate unless `predicate_ok`. (Other access methods may
+/// want entries on updates a btree does not: `compat::simple_heap_update`.)
+pub fn index_is_plain(index: pg_sys::Oid, predicate_ok: bool) -> bool {
+    // SAFETY: a relcache lookup, closed at once.
+    unsafe {
+        let rel = pg_sys::RelationIdGetRelation(index);
+        if rel.is_null() {
+            return false;
+        }
+        let form = &*(*rel).rd_index;
+        let plain = (*(*rel).rd_rel).relam == pg_sys::BTREE_AM_OID
+            && !form.indisexclusion
+            && form.indimmediate
+            && pg_sys::RelationGetIndexExpressions(rel).is_null()
+            && (predicate_ok || pg_sys::RelationGetIndexPredicate(rel).is_null());
         pg_sys::RelationClose(rel);
         plain
     }

@@ -3,7 +3,7 @@
 //! (docs/design.md, "Observability"). This file knows the table's shape;
 //! the writer (`writer.rs`) builds and puts in its rows.
 
-use super::heap::{column, live_columns, scan, ScanKey, Tid};
+use super::heap::{column, live_columns, scan, ScanKey, Tid, Visibility};
 use pgrx::pg_sys;
 use pgrx::pg_sys::Datum;
 use std::ffi::CString;
@@ -45,7 +45,7 @@ impl Ending {
 
 /// The history table's columns and their types, in the order of the
 /// writer's `HISTORY_INSERT` parameters and of the values it builds.
-pub const HISTORY_COLUMNS: [(&str, pg_sys::Oid); 10] = [
+pub const HISTORY_COLUMNS: [(&str, pg_sys::Oid); 12] = [
     ("token", pg_sys::INT8OID),
     ("name", pg_sys::TEXTOID),
     ("holder", pg_sys::TEXTOID),
@@ -56,6 +56,8 @@ pub const HISTORY_COLUMNS: [(&str, pg_sys::Oid); 10] = [
     ("ended_at", pg_sys::TIMESTAMPTZOID),
     ("ended_by", pg_sys::TEXTOID),
     ("ended_by_role", pg_sys::NAMEOID),
+    ("mode", pg_sys::TEXTOID),
+    ("permits", pg_sys::INT4OID),
 ];
 
 /// The attribute numbers of `HISTORY_COLUMNS` in `table`, if it has exactly
@@ -82,7 +84,7 @@ pub fn ended_before(history: &HistoryObjects, before: i64, limit: usize) -> Vec<
         procedure: crate::compat::TIMESTAMPTZ_LT,
         argument: Datum::from(before),
     };
-    scan(history.table, history.by_ended_at, key, limit, |tuple, _| {
+    scan(history.table, history.by_ended_at, &[key], limit, Visibility::Committed, |tuple, _, _| {
         // SAFETY: a tuple handed out by the scan.
         out.push(Tid::from_item_pointer(unsafe { &(*tuple).t_self }));
     });

@@ -1,11 +1,22 @@
-//! Reading lease records (`fenced_lock_internal.lease_records`, one per
-//! name), in the latest committed state, without SQL (docs/design.md,
-//! "Objects").
+//! Reading lease records (`fenced_lock_internal.granted_leases`: one per
+//! lease granted and not yet cleaned up, keyed by (name, token)), without
+//! SQL (docs/design.md, "Objects").
+//!
+//! Two ways to look, and the lock protocol says which each caller needs:
+//! - `Visibility::Committed` (`SnapshotSelf`): the latest committed state
+//!   plus this transaction's own changes, whatever the caller's isolation
+//!   level. The guard, renew and release read a lease this way while they
+//!   hold its lease lock, so no change of it can be in flight.
+//! - `Visibility::WithInProgress` (`SnapshotDirty`): that, plus what other
+//!   transactions are granting or ending right now. A grant reads a name's
+//!   records this way under the name lock: an uncommitted grant or end of
+//!   another transaction counts as held, since it may yet commit.
 
 use super::catalog::{objects, LeaseColumns, Objects};
-use super::heap::{fetch, scan, Row, ScanKey, Tid};
+use super::heap::{fetch, scan, InProgress, Row, ScanKey, Tid, Visibility};
 use crate::datum::{interval_value, text_datum, text_value};
 use crate::errors::FlError;
+use crate::mode::LeaseMode;
 use pgrx::pg_sys;
 use pgrx::pg_sys::Datum;
 use std::cell::RefCell;
@@ -27,6 +38,9 @@ pub struct Lease {
     pub ttl_micros: i64,
     /// ends with the session that acquired it (docs/design.md, "Session-bound leases")
     pub session_bound: bool,
+    pub mode: LeaseMode,
+    /// what the holder published with `fenced_lock_proclaim`
+    pub value: Option<String>,
 }
 
 impl Lease {
@@ -36,22 +50,30 @@ impl Lease {
     }
 }
 
-/// At most this many names' record positions are remembered per backend.
+/// A record as a grant sees it: with what other transactions are doing to it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    pub lease: Lease,
+    pub in_progress: InProgress,
+}
+
+/// At most this many records' positions are remembered per backend.
 const REMEMBERED_TIDS: usize = 4096;
 
-/// Where each name's record was last found, for one binding of the objects.
+/// Where each lease's record (by token) was last found, for one binding of
+/// the objects.
 struct Positions {
     binding: u64,
-    tids: HashMap<String, Tid>,
+    tids: HashMap<i64, Tid>,
 }
 
 thread_local! {
     static POSITIONS: RefCell<Positions> = RefCell::new(Positions { binding: 0, tids: HashMap::new() });
     /// Where the reaper's walk through session-bound records goes on from.
-    static SESSION_CURSOR: RefCell<String> = const { RefCell::new(String::new()) };
+    static SESSION_CURSOR: std::cell::Cell<i64> = const { std::cell::Cell::new(0) };
 }
 
-fn remembered(name: &str) -> Option<Tid> {
+fn remembered(token: i64) -> Option<Tid> {
     let binding = super::catalog::binding();
     POSITIONS.with(|p| {
         let mut p = p.borrow_mut();
@@ -59,11 +81,12 @@ fn remembered(name: &str) -> Option<Tid> {
             p.binding = binding;
             p.tids.clear();
         }
-        p.tids.get(name).copied()
+        p.tids.get(&token).copied()
     })
 }
 
-fn remember(name: &str, found: Option<Tid>) {
+/// Remember (or forget) where the record of lease `token` is.
+pub fn remember(token: i64, found: Option<Tid>) {
     POSITIONS.with(|p| {
         let mut p = p.borrow_mut();
         match found {
@@ -71,75 +94,82 @@ fn remember(name: &str, found: Option<Tid>) {
                 if p.tids.len() >= REMEMBERED_TIDS {
                     p.tids.clear();
                 }
-                p.tids.insert(name.to_string(), tid);
+                p.tids.insert(token, tid);
             }
             None => {
-                p.tids.remove(name);
+                p.tids.remove(&token);
             }
         }
     });
 }
 
-/// The lease record of `name` in the latest committed state (and this
-/// transaction's own changes), whatever the caller's isolation level.
-///
-/// Uses `SnapshotSelf` (committed as of now, plus this transaction's own
-/// changes), not an MVCC snapshot: reads are only ever made with the name
-/// lock held (or for `validate`, which promises nothing about ordering), so
-/// no transition of the name can be in progress, and "committed as of now" is
-/// exactly the latest committed state. This spares taking a snapshot of every
-/// backend's state on each guarded write.
-///
-/// The guard reads a record per row it checks, so the common case is made
-/// cheap: each backend remembers where it last found each name's record, and
-/// first looks there (one buffer, no index descent). The tuple there is the
-/// current record exactly when `SnapshotSelf` sees it and it carries the
-/// name: a record that was replaced, deleted or moved is no longer visible at
-/// its old place (and a reused slot holds another name), and then the index
-/// is asked. The place is only trusted while the table cannot shrink
-/// (`vacuum_truncate = false`; a rewrite gives it a new file and sends the
-/// relcache invalidation that forgets every remembered place).
-pub fn read(name: &str) -> Result<Option<Lease>, FlError> {
-    let objects = objects()?;
-    if objects.tids_stay_in_range {
-        if let Some(tid) = remembered(name) {
-            if let Some(lease) = fetch_at(&objects, tid, name) {
-                return Ok(Some(lease));
-            }
-        }
-    }
-    let found = read_by_index(&objects, name);
-    if objects.tids_stay_in_range {
-        remember(name, found.as_ref().map(|l| l.tid));
-    }
-    Ok(found)
-}
-
-/// The record of `name` at `tid`, if the tuple there is that name's current record.
-fn fetch_at(objects: &Objects, tid: Tid, name: &str) -> Option<Lease> {
-    // SAFETY: the table cannot have shrunk below `tid` (see `read`); the
-    // tuple is copied out (`lease_of`) before its buffer is released.
-    unsafe { fetch(objects.table, tid, |tuple, desc| lease_of(&objects.columns, tuple, desc)) }
-        .filter(|lease| lease.name == name)
-}
-
-fn read_by_index(objects: &Objects, name: &str) -> Option<Lease> {
-    let mut found = None;
+fn name_key(objects: &Objects, name: &str) -> ScanKey {
     // ScanKeyInit compares with the C collation, the key column's own.
-    let key = ScanKey {
+    ScanKey {
         attno: objects.columns.name,
         strategy: pg_sys::BTEqualStrategyNumber,
         procedure: pg_sys::F_TEXTEQ,
         argument: text_datum(name),
-    };
-    scan(objects.table, objects.by_name, key, 1, |tuple, desc| {
-        found = Some(lease_of(&objects.columns, tuple, desc))
-    });
-    found
+    }
 }
 
-/// The names of up to `limit` records that expired before `before`, oldest first.
-pub fn expired_names(objects: &Objects, before: i64, limit: usize) -> Vec<String> {
+/// Every record of `name`, seen as `visibility` says.
+pub fn records_of(objects: &Objects, name: &str, visibility: Visibility) -> Vec<Seen> {
+    let mut out = Vec::new();
+    scan(objects.table, objects.by_name, &[name_key(objects, name)], usize::MAX, visibility, |t, d, p| {
+        out.push(Seen { lease: lease_of(&objects.columns, t, d), in_progress: p })
+    });
+    out
+}
+
+/// The record of lease `token` of `name` in the latest committed state (and
+/// this transaction's own changes), if there is one.
+///
+/// The guard reads a record per row it checks, so the common case is made
+/// cheap: each backend remembers where it last found each lease's record,
+/// and first looks there (one buffer, no index descent). The tuple there is
+/// the current record exactly when `SnapshotSelf` sees it and it carries the
+/// name and token: a record that was replaced, deleted or moved is no longer
+/// visible at its old place (and a reused slot holds another lease), and
+/// then the index is asked. The place is only trusted while the table cannot
+/// shrink (`vacuum_truncate = false`; a rewrite gives it a new file and sends
+/// the relcache invalidation that forgets every remembered place).
+pub fn record(name: &str, token: i64) -> Result<Option<Lease>, FlError> {
+    let objects = objects()?;
+    if objects.tids_stay_in_range {
+        if let Some(tid) = remembered(token) {
+            // SAFETY: the table cannot have shrunk below `tid`; the tuple is
+            // copied out (`lease_of`) before its buffer is released.
+            let at = unsafe { fetch(objects.table, tid, |t, d| lease_of(&objects.columns, t, d)) };
+            if let Some(lease) = at.filter(|l| l.name == name && l.token == token) {
+                return Ok(Some(lease));
+            }
+        }
+    }
+    let mut keys = vec![name_key(&objects, name)];
+    if objects.current {
+        keys.push(ScanKey {
+            attno: objects.columns.token,
+            strategy: pg_sys::BTEqualStrategyNumber,
+            procedure: pg_sys::F_INT8EQ,
+            argument: Datum::from(token),
+        });
+    }
+    let mut found = None;
+    scan(objects.table, objects.by_name, &keys, usize::MAX, Visibility::Committed, |t, d, _| {
+        let lease = lease_of(&objects.columns, t, d);
+        if lease.token == token {
+            found = Some(lease);
+        }
+    });
+    if objects.tids_stay_in_range {
+        remember(token, found.as_ref().map(|l| l.tid));
+    }
+    Ok(found)
+}
+
+/// The names and tokens of up to `limit` records that expired before `before`.
+pub fn expired(objects: &Objects, before: i64, limit: usize) -> Vec<(String, i64)> {
     let mut out = Vec::new();
     let key = ScanKey {
         attno: objects.columns.expires_at,
@@ -147,10 +177,11 @@ pub fn expired_names(objects: &Objects, before: i64, limit: usize) -> Vec<String
         procedure: crate::compat::TIMESTAMPTZ_LT,
         argument: Datum::from(before),
     };
-    scan(objects.table, objects.by_expiry, key, limit, |tuple, desc| {
-        let row = Row::deform(tuple, desc);
-        // SAFETY: `name` is a non-NULL text column.
-        out.push(unsafe { text_value(row.value(objects.columns.name)) });
+    scan(objects.table, objects.by_expiry, &[key], limit, Visibility::Committed, |t, d, _| {
+        let row = Row::deform(t, d);
+        // SAFETY: `name` is a non-NULL text column, `token` a bigint.
+        let name = unsafe { text_value(row.value(objects.columns.name)) };
+        out.push((name, row.value(objects.columns.token).value() as i64));
     });
     out
 }
@@ -158,33 +189,47 @@ pub fn expired_names(objects: &Objects, before: i64, limit: usize) -> Vec<String
 /// Up to `limit` session-bound records (name, token), for the reaper, read
 /// through their partial index from where the previous call stopped, so that
 /// every such record comes round however many there are.
-pub fn session_bound_names(objects: &Objects, limit: usize) -> Vec<(String, i64)> {
+pub fn session_bound(objects: &Objects, limit: usize) -> Vec<(String, i64)> {
     let Some(by_session) = objects.by_session else { return Vec::new() };
-    let from = SESSION_CURSOR.with(|c| c.borrow().clone());
-    let mut out = Vec::new();
+    let from = SESSION_CURSOR.with(|c| c.get());
     let key = ScanKey {
-        attno: objects.columns.name,
+        attno: objects.columns.token,
         strategy: pg_sys::BTGreaterStrategyNumber,
-        procedure: pg_sys::F_TEXT_GT,
-        argument: text_datum(&from),
+        procedure: pg_sys::F_INT8GT,
+        argument: Datum::from(from),
     };
-    scan(objects.table, by_session, key, limit, |tuple, desc| {
-        let lease = lease_of(&objects.columns, tuple, desc);
+    let mut out = Vec::new();
+    scan(objects.table, by_session, &[key], limit, Visibility::Committed, |t, d, _| {
+        let lease = lease_of(&objects.columns, t, d);
         out.push((lease.name, lease.token));
     });
-    let next = if out.len() < limit {
-        String::new()
-    } else {
-        out.last().map(|(n, _)| n.clone()).unwrap_or_default()
+    let next = if out.len() < limit { 0 } else { out.last().map(|(_, t)| *t).unwrap_or(0) };
+    SESSION_CURSOR.with(|c| c.set(next));
+    out
+}
+
+/// Every committed record whose holder is `holder`.
+pub fn with_holder(objects: &Objects, holder: &str) -> Vec<Lease> {
+    let Some(by_holder) = objects.by_holder else { return Vec::new() };
+    let key = ScanKey {
+        attno: objects.columns.holder,
+        strategy: pg_sys::BTEqualStrategyNumber,
+        procedure: pg_sys::F_TEXTEQ,
+        argument: text_datum(holder),
     };
-    SESSION_CURSOR.with(|c| *c.borrow_mut() = next);
+    let mut out = Vec::new();
+    scan(objects.table, by_holder, &[key], usize::MAX, Visibility::Committed, |t, d, _| {
+        out.push(lease_of(&objects.columns, t, d))
+    });
     out
 }
 
 fn lease_of(c: &LeaseColumns, tuple: pg_sys::HeapTuple, desc: pg_sys::TupleDesc) -> Lease {
     let row = Row::deform(tuple, desc);
+    let flag = |a: Option<i16>| a.is_some_and(|a| !row.is_null(a) && row.value(a).value() != 0);
+    let permits = c.permits.filter(|&a| !row.is_null(a)).map_or(1, |a| row.value(a).value() as i32);
     // SAFETY: the columns were checked by name and type in `catalog::objects`;
-    // NOT NULL columns are read as values, holder only when not NULL.
+    // NOT NULL columns are read as values, the others only when not NULL.
     unsafe {
         Lease {
             tid: Tid::from_item_pointer(&(*tuple).t_self),
@@ -195,7 +240,9 @@ fn lease_of(c: &LeaseColumns, tuple: pg_sys::HeapTuple, desc: pg_sys::TupleDesc)
             acquired_at: row.value(c.acquired_at).value() as i64,
             expires_at: row.value(c.expires_at).value() as i64,
             ttl_micros: interval_value(row.value(c.ttl)).total_micros().clamp(0, i64::MAX as i128) as i64,
-            session_bound: c.session_bound.is_some_and(|a| !row.is_null(a) && row.value(a).value() != 0),
+            session_bound: flag(c.session_bound),
+            mode: LeaseMode::stored(flag(c.shared), permits),
+            value: c.value.filter(|&a| !row.is_null(a)).map(|a| text_value(row.value(a))),
         }
     }
 }

@@ -1,26 +1,32 @@
-//! The owner's write session: every change to the lease records, the
-//! history and the token sequence goes through a `Store` (docs/design.md,
-//! "Objects" and "Security").
+//! The write session: every change to the lease records, the history and
+//! the token sequence goes through a `Store` (docs/design.md, "Objects" and
+//! "Security").
 //!
-//! A `Store` runs as the owner of the lease table, in a security-restricted
-//! context, with `search_path` pinned to `pg_catalog, pg_temp` under a GUC
-//! nest level (the pairing `contrib/amcheck` uses), until it is dropped. Its
-//! statements name every object and operator by schema, so a caller's
-//! `search_path` cannot change what they mean, and address records by
-//! `ctid` as found by `records::read`.
+//! Records and history rows are written directly, heap and index, as
+//! PostgreSQL writes its catalogs: no executor, no SQL, no change of user,
+//! so nothing of the caller's can run and nothing needs to be planned. That
+//! is only right for the tables as installed (`catalog::Objects::direct`,
+//! `HistoryObjects::direct`). A table an operator gave a trigger, a rule, row
+//! security, a CHECK constraint or another kind of index is written through
+//! SQL statements instead, which honour them: as the owner of the table, in
+//! a security-restricted context, with `search_path` pinned to
+//! `pg_catalog, pg_temp` under a GUC nest level (the pairing
+//! `contrib/amcheck` uses), naming every object and operator by schema and
+//! addressing rows by `ctid`.
 
 use super::catalog::{objects_for_writing, Objects};
-use super::heap::{insert_row, Tid};
+use super::heap::{delete_row, insert_row, insert_with_indexes, update_columns, Tid};
 use super::history::{self, name_datum, Ending};
-use super::records::{self, Lease};
+use super::records::{self, remember, Lease};
 use crate::datum::text_datum;
 use crate::errors::{quote_name, sqlstate, FlError};
 use crate::guc_scope::GucScope;
+use crate::mode::LeaseMode;
 use crate::roles::role_name;
 use crate::spi::{Connection, Statement};
 use pgrx::pg_sys;
 use pgrx::pg_sys::Datum;
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 
 /// A new lease to record.
 pub struct Grant<'a> {
@@ -31,6 +37,9 @@ pub struct Grant<'a> {
     pub now: i64,
     pub ttl_micros: i64,
     pub session_bound: bool,
+    pub mode: LeaseMode,
+    /// the backend of a session-bound lease
+    pub pid: Option<i32>,
 }
 
 thread_local! {
@@ -44,20 +53,17 @@ pub fn write_generation() -> u64 {
     WRITES.with(|w| w.get())
 }
 
-/// An open session on the lease state, running as the table's owner with a
-/// safe `search_path` until dropped.
-pub struct Store {
-    spi: Connection,
-    objects: Objects,
+/// Running as the table's owner, for the SQL statements of tables that are
+/// not as installed, until dropped.
+struct OwnerSession {
+    spi: Option<Connection>,
     saved_user: pg_sys::Oid,
     saved_context: i32,
     settings: Option<GucScope>,
 }
 
-impl Store {
-    pub fn open() -> Result<Store, FlError> {
-        let objects = objects_for_writing()?;
-        WRITES.with(|w| w.set(w.get() + 1));
+impl OwnerSession {
+    fn open(owner: pg_sys::Oid, with_sql: bool) -> OwnerSession {
         let mut saved_user = pg_sys::InvalidOid;
         let mut saved_context = 0;
         // SAFETY: save and switch the current user, as contrib/amcheck does
@@ -66,7 +72,7 @@ impl Store {
         unsafe {
             pg_sys::GetUserIdAndSecContext(&mut saved_user, &mut saved_context);
             pg_sys::SetUserIdAndSecContext(
-                objects.table_owner,
+                owner,
                 saved_context
                     | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32
                     | pg_sys::SECURITY_RESTRICTED_OPERATION as i32,
@@ -74,18 +80,87 @@ impl Store {
         }
         let settings = GucScope::enter();
         settings.set(c"search_path", c"pg_catalog, pg_temp");
-        Ok(Store { spi: Connection::open(), objects, saved_user, saved_context, settings: Some(settings) })
+        OwnerSession {
+            spi: with_sql.then(Connection::open),
+            saved_user,
+            saved_context,
+            settings: Some(settings),
+        }
+    }
+}
+
+impl Drop for OwnerSession {
+    fn drop(&mut self) {
+        // In the reverse order of `open`: SQL, settings, then the user.
+        drop(self.spi.take());
+        drop(self.settings.take());
+        // SAFETY: restores what `open` saved.
+        unsafe { pg_sys::SetUserIdAndSecContext(self.saved_user, self.saved_context) };
+    }
+}
+
+/// An open session on the lease state.
+pub struct Store {
+    objects: Objects,
+    sql: RefCell<Option<OwnerSession>>,
+}
+
+impl Store {
+    pub fn open() -> Result<Store, FlError> {
+        let objects = objects_for_writing()?;
+        WRITES.with(|w| w.set(w.get() + 1));
+        Ok(Store { objects, sql: RefCell::new(None) })
+    }
+
+    /// Run `stmt` as the table owner; how many rows it touched.
+    fn run(&self, stmt: &'static Statement, args: &[Option<Datum>]) -> usize {
+        let mut sql = self.sql.borrow_mut();
+        let session = sql.get_or_insert_with(|| OwnerSession::open(self.objects.table_owner, true));
+        session.spi.as_ref().expect("opened with SQL").run(stmt, args)
     }
 
     pub fn next_token(&self) -> Result<i64, FlError> {
-        crate::token::next_token(&self.spi, self.objects.sequence)
+        let owner = self.objects.table_owner;
+        crate::token::next_token(self.objects.sequence, |f| {
+            let _as_owner = OwnerSession::open(owner, false);
+            f();
+        })
     }
 
-    /// Record a new lease, replacing the (ended) record at `replaces` if
-    /// there is one. Live leases are not in the history table: the history
-    /// view shows them from their records (docs/design.md, "Observability").
-    pub fn grant(&self, g: &Grant, replaces: Option<Tid>) -> Result<(), FlError> {
-        let mut args = vec![
+    /// Which indexes a record with these values has entries in: the two
+    /// partial indexes' predicates (`WHERE session_bound`, `WHERE holder IS
+    /// NOT NULL`) applied here.
+    fn indexed(&self, session_bound: bool, has_holder: bool) -> impl Fn(pg_sys::Oid) -> bool {
+        let (by_session, by_holder) = (self.objects.by_session, self.objects.by_holder);
+        move |index| {
+            if Some(index) == by_session {
+                session_bound
+            } else if Some(index) == by_holder {
+                has_holder
+            } else {
+                true
+            }
+        }
+    }
+
+    /// Record a new lease. Live leases are not in the history table: the
+    /// history view shows them from their records (docs/design.md, "Observability").
+    pub fn grant(&self, g: &Grant) -> Result<(), FlError> {
+        let c = &self.objects.columns;
+        let attnos = [
+            c.name,
+            c.token,
+            c.holder,
+            c.owner,
+            c.acquired_at,
+            c.expires_at,
+            c.ttl,
+            c.session_bound.expect("current catalog"),
+            c.shared.expect("current catalog"),
+            c.permits.expect("current catalog"),
+            c.pid.expect("current catalog"),
+        ];
+        let values = [
             Some(text_datum(g.name)),
             Some(Datum::from(g.token)),
             g.holder.map(text_datum),
@@ -94,22 +169,53 @@ impl Store {
             Some(Datum::from(expiry(g.now, g.ttl_micros))),
             Some(crate::datum::interval_datum(g.ttl_micros)),
             Some(Datum::from(g.session_bound)),
+            Some(Datum::from(g.mode.shared())),
+            Some(Datum::from(g.mode.permits())),
+            g.pid.map(Datum::from),
         ];
-        let stmt = match replaces {
-            Some(tid) => {
-                args.push(Some(tid.datum()));
-                &REGRANT
-            }
-            None => &INSERT,
-        };
-        expect_one(self.spi.run(stmt, &args), g.name)
+        if self.objects.direct {
+            let tid = insert_with_indexes(
+                self.objects.table,
+                &attnos,
+                &values,
+                self.indexed(g.session_bound, g.holder.is_some()),
+            );
+            remember(g.token, Some(tid));
+            Ok(())
+        } else {
+            expect_one(self.run(&INSERT, &values), g.name)
+        }
     }
 
     /// Move the expiry of `lease` to `now + ttl`. The ttl the lease was
     /// granted with stays recorded: `renew(name, token)` keeps using it.
     pub fn extend(&self, name: &str, lease: &Lease, now: i64, ttl_micros: i64) -> Result<(), FlError> {
-        let args = [Some(lease.tid.datum()), Some(Datum::from(expiry(now, ttl_micros)))];
-        expect_one(self.spi.run(&EXTEND, &args), name)
+        let expires_at = Datum::from(expiry(now, ttl_micros));
+        if self.objects.direct {
+            let replace = [(self.objects.columns.expires_at, Some(expires_at))];
+            self.update(lease, &replace);
+            Ok(())
+        } else {
+            expect_one(self.run(&EXTEND, &[Some(lease.tid.datum()), Some(expires_at)]), name)
+        }
+    }
+
+    /// Publish `value` with `lease` (`fenced_lock_proclaim`).
+    pub fn set_value(&self, name: &str, lease: &Lease, value: &str) -> Result<(), FlError> {
+        let value = Some(text_datum(value));
+        if self.objects.direct {
+            let replace = [(self.objects.columns.value.expect("current catalog"), value)];
+            self.update(lease, &replace);
+            Ok(())
+        } else {
+            expect_one(self.run(&SET_VALUE, &[Some(lease.tid.datum()), value]), name)
+        }
+    }
+
+    fn update(&self, lease: &Lease, replace: &[(i16, Option<Datum>)]) {
+        let indexed = self.indexed(lease.session_bound, lease.holder.is_some());
+        let moved = update_columns(self.objects.table, lease.tid, replace, indexed);
+        remember(lease.token, Some(moved));
     }
 
     /// Remove the record of `lease`, which ended as `ending` at `ended_at`
@@ -123,13 +229,18 @@ impl Store {
         ended_at: i64,
         role: Option<pg_sys::Oid>,
     ) -> Result<(), FlError> {
-        expect_one(self.spi.run(&DELETE, &[Some(lease.tid.datum())]), name)?;
+        if self.objects.direct {
+            delete_row(self.objects.table, lease.tid);
+        } else {
+            expect_one(self.run(&DELETE, &[Some(lease.tid.datum())]), name)?;
+        }
+        remember(lease.token, None);
         self.record_end(lease, ending, ended_at, role);
         Ok(())
     }
 
     /// Write the history row of `lease`, which ended as `ending` at
-    /// `ended_at` (its record is being deleted, or overwritten by a grant).
+    /// `ended_at`.
     pub fn record_end(&self, lease: &Lease, ending: Ending, ended_at: i64, role: Option<pg_sys::Oid>) {
         if !history::kept() {
             return;
@@ -146,59 +257,65 @@ impl Store {
             Some(Datum::from(ended_at)),
             Some(text_datum(ending.as_str())),
             role.map(|r| name_datum(&role_name(r))),
+            Some(text_datum(lease.mode.as_str())),
+            lease.mode.capacity().map(Datum::from),
         ];
         let history = self.objects.history.expect("current catalog");
         match history.direct {
             Some(attnos) => insert_row(history.table, &attnos, &values),
             None => {
-                self.spi.run(&HISTORY_INSERT, &values);
+                self.run(&HISTORY_INSERT, &values);
             }
         }
     }
 
-    /// Up to `limit` names whose records expired before `before`.
-    pub fn expired_names(&self, before: i64, limit: usize) -> Vec<String> {
-        records::expired_names(&self.objects, before, limit)
+    /// The names and tokens of up to `limit` records that expired before `before`.
+    pub fn expired(&self, before: i64, limit: usize) -> Vec<(String, i64)> {
+        records::expired(&self.objects, before, limit)
     }
 
-    /// Up to `limit` names with session-bound records, and their tokens.
-    pub fn session_bound_names(&self, limit: usize) -> Vec<(String, i64)> {
-        records::session_bound_names(&self.objects, limit)
+    /// Up to `limit` session-bound records (name, token).
+    pub fn session_bound(&self, limit: usize) -> Vec<(String, i64)> {
+        records::session_bound(&self.objects, limit)
+    }
+
+    /// Every committed record whose holder is `holder`.
+    pub fn with_holder(&self, holder: &str) -> Vec<Lease> {
+        records::with_holder(&self.objects, holder)
     }
 
     /// Delete up to `limit` history rows that ended before `before`.
     pub fn prune_history(&self, before: i64, limit: usize) -> usize {
         let history = self.objects.history.expect("current catalog");
         let tids = history::ended_before(&history, before, limit);
-        if !tids.is_empty() {
-            self.spi.run(&HISTORY_PRUNE, &[Some(Tid::array_datum(&tids))]);
+        if history.direct.is_some() {
+            for &tid in &tids {
+                delete_row(history.table, tid);
+            }
+        } else if !tids.is_empty() {
+            self.run(&HISTORY_PRUNE, &[Some(Tid::array_datum(&tids))]);
         }
         tids.len()
     }
 }
 
-impl Drop for Store {
-    fn drop(&mut self) {
-        // The settings first, then the user: the reverse of `open`.
-        drop(self.settings.take());
-        // SAFETY: restores what `open` saved.
-        unsafe { pg_sys::SetUserIdAndSecContext(self.saved_user, self.saved_context) };
-    }
-}
-
-/// Are history rows formed and inserted directly (not by `INSERT`)?
+/// Are records and history rows written directly (not through SQL)?
 #[cfg(any(test, feature = "pg_test"))]
-pub fn history_inserted_directly() -> bool {
-    super::catalog::objects().ok().and_then(|o| o.history).is_some_and(|h| h.direct.is_some())
+pub fn written_directly() -> (bool, bool) {
+    super::catalog::objects()
+        .ok()
+        .map(|o| (o.direct, o.history.is_some_and(|h| h.direct.is_some())))
+        .unwrap_or_default()
 }
 
 fn expiry(now: i64, ttl_micros: i64) -> i64 {
     now.saturating_add(ttl_micros)
 }
 
-/// A write we decided on under the name lock must hit exactly one row. If it
-/// does not, the caller's snapshot rules hid the row from the statement: fail
-/// as a serialization failure, which is safe to retry.
+/// A statement for a write we decided on under the lease's lock must hit
+/// exactly one row. If it does not, the caller's snapshot rules hid the row
+/// from the statement: fail as a serialization failure, which is safe to
+/// retry.
 fn expect_one(n: usize, name: &str) -> Result<(), FlError> {
     if n == 1 {
         Ok(())
@@ -213,6 +330,7 @@ fn expect_one(n: usize, name: &str) -> Result<(), FlError> {
 
 const T: pg_sys::Oid = pg_sys::TEXTOID;
 const I8: pg_sys::Oid = pg_sys::INT8OID;
+const I4: pg_sys::Oid = pg_sys::INT4OID;
 const TS: pg_sys::Oid = pg_sys::TIMESTAMPTZOID;
 const IV: pg_sys::Oid = pg_sys::INTERVALOID;
 const ROLE: pg_sys::Oid = pg_sys::REGROLEOID;
@@ -221,33 +339,34 @@ const B: pg_sys::Oid = pg_sys::BOOLOID;
 const NAME: pg_sys::Oid = pg_sys::NAMEOID;
 
 static INSERT: Statement = Statement {
-    sql: "INSERT INTO fenced_lock_internal.lease_records \
-          (name, token, holder, owner, acquired_at, expires_at, ttl, session_bound) \
-          VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-    args: &[T, I8, T, ROLE, TS, TS, IV, B],
-};
-
-static REGRANT: Statement = Statement {
-    sql: "UPDATE fenced_lock_internal.lease_records SET name = $1, token = $2, holder = $3, owner = $4, \
-          acquired_at = $5, expires_at = $6, ttl = $7, session_bound = $8 WHERE ctid OPERATOR(pg_catalog.=) $9",
-    args: &[T, I8, T, ROLE, TS, TS, IV, B, TID],
+    sql: "INSERT INTO fenced_lock_internal.granted_leases \
+          (name, token, holder, owner, acquired_at, expires_at, ttl, session_bound, shared, permits, pid) \
+          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+    args: &[T, I8, T, ROLE, TS, TS, IV, B, B, I4, I4],
 };
 
 static EXTEND: Statement = Statement {
-    sql: "UPDATE fenced_lock_internal.lease_records SET expires_at = $2 WHERE ctid OPERATOR(pg_catalog.=) $1",
+    sql:
+        "UPDATE fenced_lock_internal.granted_leases SET expires_at = $2 WHERE ctid OPERATOR(pg_catalog.=) $1",
     args: &[TID, TS],
 };
 
+static SET_VALUE: Statement = Statement {
+    sql: "UPDATE fenced_lock_internal.granted_leases SET value = $2 WHERE ctid OPERATOR(pg_catalog.=) $1",
+    args: &[TID, T],
+};
+
 static DELETE: Statement = Statement {
-    sql: "DELETE FROM fenced_lock_internal.lease_records WHERE ctid OPERATOR(pg_catalog.=) $1",
+    sql: "DELETE FROM fenced_lock_internal.granted_leases WHERE ctid OPERATOR(pg_catalog.=) $1",
     args: &[TID],
 };
 
 static HISTORY_INSERT: Statement = Statement {
     sql: "INSERT INTO fenced_lock_internal.lease_history \
-          (token, name, holder, owner, session_bound, acquired_at, expires_at, ended_at, ended_by, ended_by_role) \
-          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-    args: &[I8, T, T, NAME, B, TS, TS, TS, T, NAME], // HISTORY_COLUMNS' types
+          (token, name, holder, owner, session_bound, acquired_at, expires_at, ended_at, ended_by, ended_by_role, \
+           mode, permits) \
+          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+    args: &[I8, T, T, NAME, B, TS, TS, TS, T, NAME, T, I4], // HISTORY_COLUMNS' types
 };
 
 static HISTORY_PRUNE: Statement = Statement {

@@ -62,7 +62,7 @@ def timeline_of(conn):
 def leases(conn):
     """Every lease record: {name: (token, holder, owner, expires_at)} (run as superuser)."""
     rows = conn.execute(
-        "SELECT name, token, holder, owner::text, expires_at FROM fenced_lock_internal.lease_records").fetchall()
+        "SELECT name, token, holder, owner::text, expires_at FROM fenced_lock_internal.granted_leases").fetchall()
     return {r[0]: tuple(r[1:]) for r in rows}
 
 

@@ -5,7 +5,7 @@ grant of the name; "Session-bound leases": a session-bound lease may be taken
 over before its expires_at only once its session has ended).
 
 The history is written by AFTER ROW triggers that the test installs as
-superuser: one on fenced_lock_internal.lease_records, one on each guarded table.
+superuser: one on fenced_lock_internal.granted_leases, one on each guarded table.
 Rows of transactions that roll back vanish with them, so the history is
 exactly what was committed. Every row carries its transaction id, so with
 track_commit_timestamp = on the checker can put transactions in commit order.
@@ -49,7 +49,7 @@ BEGIN
     END IF;
     RETURN NULL;
 END $$;
-CREATE TRIGGER zz_history AFTER INSERT OR UPDATE OR DELETE ON fenced_lock_internal.lease_records
+CREATE TRIGGER zz_history AFTER INSERT OR UPDATE OR DELETE ON fenced_lock_internal.granted_leases
     FOR EACH ROW EXECUTE FUNCTION fl_history.record_lease();
 
 CREATE TABLE fl_history.write_events (

@@ -29,7 +29,7 @@ CREATE TRIGGER settings_fence BEFORE INSERT OR UPDATE OR DELETE ON settings
 """
 
 GRANTS = f"""
-GRANT EXECUTE ON FUNCTION fenced_lock_try_acquire(text, interval, text, boolean), fenced_lock_renew(text, bigint, interval),
+GRANT EXECUTE ON FUNCTION fenced_lock_try_acquire(text, interval, text, boolean, boolean, integer), fenced_lock_renew(text, bigint, interval),
   fenced_lock_release(text, bigint), fenced_lock_validate(text, bigint) TO {APP};
 GRANT SELECT ON fenced_lock_leases TO {APP};
 GRANT SELECT, INSERT, UPDATE ON orders, settings TO {APP};
@@ -42,7 +42,7 @@ def create_role(conn):
 
 def lease_rows(conn):
     return conn.execute("SELECT name, token, holder, owner::text, acquired_at, expires_at "
-                        "FROM fenced_lock_internal.lease_records ORDER BY name").fetchall()
+                        "FROM fenced_lock_internal.granted_leases ORDER BY name").fetchall()
 
 
 def update_order(conn, item, token):

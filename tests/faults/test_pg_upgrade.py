@@ -18,7 +18,7 @@ DB = "upgraded"
 
 def lease_rows(conn):
     return conn.execute("SELECT name, token, holder, owner::text, acquired_at, expires_at, ttl "
-                        "FROM fenced_lock_internal.lease_records ORDER BY name").fetchall()
+                        "FROM fenced_lock_internal.granted_leases ORDER BY name").fetchall()
 
 
 @pytest.mark.budget(180)

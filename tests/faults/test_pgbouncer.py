@@ -9,7 +9,7 @@ statement its own transaction, so consecutive statements of one client land on
 different server backends. Afterwards:
   - every renew and release by the owner succeeded, although many ran on
     another backend than the acquire;
-  - the server-side history of fenced_lock_internal.lease_records shows no two live
+  - the server-side history of fenced_lock_internal.granted_leases shows no two live
     leases of a name at any moment and tokens growing per name;
   - no lost update: each counter equals the number of acknowledged increments.
 And through a pool of one server connection, where every client's
@@ -115,8 +115,8 @@ def test_pgbouncer_transaction_pooling_stays_correct(main_cluster, fresh_db):
         db.execute("INSERT INTO counters SELECT n, 0, NULL FROM unnest(%s::text[]) n", (NAMES,))
         db.execute("CREATE TRIGGER counters_fence BEFORE INSERT OR UPDATE OR DELETE ON counters "
                    "FOR EACH ROW EXECUTE FUNCTION fenced_lock_guard('{name}')")
-        db.execute(f"GRANT EXECUTE ON FUNCTION fenced_lock_acquire(text, interval, interval, text, boolean), "
-                   f"fenced_lock_try_acquire(text, interval, text, boolean), "
+        db.execute(f"GRANT EXECUTE ON FUNCTION fenced_lock_acquire(text, interval, interval, text, boolean, boolean, integer), "
+                   f"fenced_lock_try_acquire(text, interval, text, boolean, boolean, integer), "
                    f"fenced_lock_renew(text, bigint, interval), fenced_lock_release(text, bigint) TO {APP}")
         db.execute(f"GRANT SELECT, UPDATE ON counters TO {APP}")
         lease_history.install(db)
@@ -165,4 +165,4 @@ def test_pgbouncer_transaction_pooling_stays_correct(main_cluster, fresh_db):
         assert len(lease_history.grants(events)) >= stats["cycles"]
         problems = lease_history.check_leases(events)
         assert not problems, problems[:20]
-        assert db.execute("SELECT count(*) FROM fenced_lock_internal.lease_records").fetchone()[0] == 0
+        assert db.execute("SELECT count(*) FROM fenced_lock_internal.granted_leases").fetchone()[0] == 0

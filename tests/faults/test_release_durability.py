@@ -56,7 +56,7 @@ INSERT INTO accounts SELECT i, 100 FROM generate_series(0, {n}) i;
 CREATE TABLE plain (id int, note text);
 """
 
-LEASE = "SELECT token, holder, owner::text, expires_at FROM fenced_lock_internal.lease_records WHERE name = %s"
+LEASE = "SELECT token, holder, owner::text, expires_at FROM fenced_lock_internal.granted_leases WHERE name = %s"
 
 
 def lease(conn, name):

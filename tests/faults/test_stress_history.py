@@ -51,8 +51,8 @@ CREATE TRIGGER stock_fence BEFORE INSERT OR UPDATE OR DELETE ON stock
 CREATE TABLE events (id bigserial PRIMARY KEY, res text NOT NULL, fence_token bigint, note text);
 CREATE TRIGGER events_fence BEFORE INSERT OR UPDATE OR DELETE ON events
   FOR EACH ROW EXECUTE FUNCTION fenced_lock_guard('stress:{{res}}');
-GRANT EXECUTE ON FUNCTION fenced_lock_try_acquire(text, interval, text, boolean),
-  fenced_lock_acquire(text, interval, interval, text, boolean), fenced_lock_renew(text, bigint, interval),
+GRANT EXECUTE ON FUNCTION fenced_lock_try_acquire(text, interval, text, boolean, boolean, integer),
+  fenced_lock_acquire(text, interval, interval, text, boolean, boolean, integer), fenced_lock_renew(text, bigint, interval),
   fenced_lock_release(text, bigint), fenced_lock_validate(text, bigint), fenced_lock_assert(text, bigint)
   TO {APP};
 GRANT SELECT, INSERT, UPDATE, DELETE ON stock, events TO {APP};

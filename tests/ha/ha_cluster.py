@@ -422,5 +422,5 @@ BOOTSTRAP_SQL = [
 
 def lease_table(conn):
     """The extension's private table of lease records (renamed in 0.2.0)."""
-    return conn.execute("SELECT coalesce(to_regclass('fenced_lock_internal.lease_records'), "
+    return conn.execute("SELECT coalesce(to_regclass('fenced_lock_internal.granted_leases'), "
                         "to_regclass('fenced_lock_internal.leases'))::text").fetchone()[0]

@@ -4,8 +4,8 @@ grants the same thing."""
 
 # What an application role calls; force release is for operators.
 LEASE_FUNCTIONS = [
-    "fenced_lock_try_acquire(text, interval, text, boolean)",
-    "fenced_lock_acquire(text, interval, interval, text, boolean)",
+    "fenced_lock_try_acquire(text, interval, text, boolean, boolean, integer)",
+    "fenced_lock_acquire(text, interval, interval, text, boolean, boolean, integer)",
     "fenced_lock_renew(text, bigint, interval)",
     "fenced_lock_release(text, bigint)",
     "fenced_lock_validate(text, bigint)",

@@ -35,7 +35,7 @@ OWN_CLUSTER = ("it_security", 5510)
 API = LEASE_FUNCTIONS + [FORCE_RELEASE]
 
 # docs/reference.md, "SQLSTATEs": every SQLSTATE the extension may raise.
-SPEC_SQLSTATES = {"FL001", "FL002", "55P03", "22004", "22023", "42501", "39P01", "42703", "42804"}
+SPEC_SQLSTATES = {"FL001", "FL002", "FL003", "55P03", "22004", "22023", "42501", "39P01", "42703", "42804"}
 
 LONG = "interval '10 minutes'"
 
@@ -181,7 +181,7 @@ def lease_record(su, name):
     """The stored lease record of `name` (read as superuser), or None."""
     return su.execute(
         "SELECT token, holder, owner::text, acquired_at, expires_at, ttl "
-        "FROM fenced_lock_internal.lease_records WHERE name = %s", (name,)).fetchone()
+        "FROM fenced_lock_internal.granted_leases WHERE name = %s", (name,)).fetchone()
 
 
 def acquire(conn, name, ttl="10 minutes", holder=None):

@@ -21,6 +21,8 @@ QUEUE_SPACE = 0x464C0002  # 1179385858
 # A session lock (docs/design.md, "Lock protocol") is (db, token >> 32,
 # token & 0xffffffff, 0x464D): pg_locks.classid, objid, objsubid.
 SESSION_KIND = 0x464D  # 17997
+# A lease lock: (token >> 32, token & 0xffffffff, 0x464E).
+LEASE_KIND = 0x464E  # 17998
 
 # Every SQL-callable object an application role may be granted.
 API_FUNCTIONS = LEASE_FUNCTIONS + [GUARD]
@@ -87,7 +89,8 @@ CREATE TABLE IF NOT EXISTS public.it_lease_history (
     acquired_at    timestamptz,
     old_expires_at timestamptz,
     new_expires_at timestamptz,
-    backend        int NOT NULL DEFAULT pg_backend_pid()
+    backend        int NOT NULL DEFAULT pg_backend_pid(),
+    xid            bigint NOT NULL DEFAULT txid_current()  -- a takeover ends and grants in one
 );
 CREATE OR REPLACE FUNCTION public.it_log_lease() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog AS $$
@@ -107,8 +110,8 @@ BEGIN
   END IF;
   RETURN NULL;
 END $$;
-DROP TRIGGER IF EXISTS it_log_lease ON fenced_lock_internal.lease_records;
-CREATE TRIGGER it_log_lease AFTER INSERT OR UPDATE OR DELETE ON fenced_lock_internal.lease_records
+DROP TRIGGER IF EXISTS it_log_lease ON fenced_lock_internal.granted_leases;
+CREATE TRIGGER it_log_lease AFTER INSERT OR UPDATE OR DELETE ON fenced_lock_internal.granted_leases
   FOR EACH ROW EXECUTE FUNCTION public.it_log_lease();
 """
 
@@ -122,7 +125,7 @@ def install_history(cluster, dbname):
 
 def remove_history(cluster, dbname):
     with cluster.connect(dbname) as conn:
-        conn.execute("DROP TRIGGER IF EXISTS it_log_lease ON fenced_lock_internal.lease_records")
+        conn.execute("DROP TRIGGER IF EXISTS it_log_lease ON fenced_lock_internal.granted_leases")
         conn.execute("DROP TABLE IF EXISTS public.it_lease_history")
         conn.execute("DROP FUNCTION IF EXISTS public.it_log_lease()")
 
@@ -138,17 +141,29 @@ class Event:
     acquired_at: object
     old_expires_at: object
     new_expires_at: object
+    xid: int = 0
 
 
 def read_history(conn, names=None):
-    q = ("SELECT id, op, name, token, old_token, at, acquired_at, old_expires_at, new_expires_at "
+    """The log, a takeover told apart from a release: since 0.3.0 a grant
+    that replaces an ended record deletes it and inserts its own, in one
+    transaction, so such a delete is logged as `takeover` and its grant
+    carries the old token and expiry."""
+    q = ("SELECT id, op, name, token, old_token, at, acquired_at, old_expires_at, new_expires_at, xid "
          "FROM public.it_lease_history")
     params = None
     if names is not None:
         q += " WHERE name = ANY(%s)"
         params = (list(names),)
     q += " ORDER BY id"
-    return [Event(*r) for r in conn.execute(q, params).fetchall()]
+    events = [Event(*r) for r in conn.execute(q, params).fetchall()]
+    grants = {(e.name, e.xid): e for e in events if e.op == "grant"}
+    for e in events:
+        g = grants.get((e.name, e.xid))
+        if e.op == "release" and g is not None and g.id > e.id:
+            e.op = "takeover"
+            g.old_token, g.old_expires_at = e.token, e.old_expires_at
+    return [e for e in events if e.op != "takeover"]
 
 
 @dataclass
@@ -292,11 +307,12 @@ def elapsed_ms(since, until=None):
 
 
 def fenced_locks_of(mon, pid):
-    """Every fenced_lock advisory lock (any key space) held or awaited by `pid`."""
+    """Every fenced_lock advisory lock held or awaited by `pid`: name, queue
+    and the other keyed spaces, and lease locks (token, 0x464E)."""
     return mon.execute(
         "SELECT classid::bigint, objid::bigint, mode, granted FROM pg_locks "
-        "WHERE locktype = 'advisory' AND pid = %s AND classid BETWEEN %s AND %s",
-        (pid, FENCE_SPACE, FENCE_SPACE + 15)).fetchall()
+        "WHERE locktype = 'advisory' AND pid = %s AND (classid BETWEEN %s AND %s OR objsubid = %s)",
+        (pid, FENCE_SPACE, FENCE_SPACE + 15, LEASE_KIND)).fetchall()
 
 
 def cancel_and_close(mon, conns):

@@ -98,7 +98,7 @@ def test_concurrent_leases_never_overlap_and_tokens_are_unique(cluster, history)
             "SELECT count(*) FROM fenced_lock_leases WHERE name = ANY(%s) AND live", (NAMES,)).fetchone()[0]
         # The lease records left behind are the last grant of each name.
         records = dict(conn.execute(
-            "SELECT name, token FROM fenced_lock_internal.lease_records WHERE name = ANY(%s)", (NAMES,)).fetchall())
+            "SELECT name, token FROM fenced_lock_internal.granted_leases WHERE name = ANY(%s)", (NAMES,)).fetchall())
 
     checked = it_support.check_history(events)  # no overlap, tokens increase per name
     # server side and client side agree on every grant, renew and release

@@ -214,7 +214,7 @@ def _crash_after(cluster, setup, op, control_note):
 
 
 def test_lease_changes_survive_kill9_right_after_commit_with_synchronous_commit_off(quiet):
-    lease_rows = ("SELECT token, expires_at FROM fenced_lock_internal.lease_records WHERE name = %s")
+    lease_rows = ("SELECT token, expires_at FROM fenced_lock_internal.granted_leases WHERE name = %s")
     controls = []
 
     # grant

@@ -50,7 +50,8 @@ class Listener:
     def _got(self, n):
         assert n.channel == "fenced_lock"
         payload = json.loads(n.payload)
-        assert set(payload) == {"name", "event", "token"}, n.payload
+        assert set(payload) == {"name", "event", "token", "mode"}, n.payload
+        assert payload["mode"] in ("exclusive", "shared", "permit"), n.payload
         self.seen.append((payload["name"], payload["event"], payload["token"]))
 
     def until_marker(self, su, timeout=5):

@@ -278,7 +278,9 @@ def test_history_retention_keeps_the_history_bounded_under_churn(cluster):
             assert grants >= 2000, f"only {grants} grants: too little churn to show anything"
             assert rows < grants / 3, f"{rows} history rows after {grants} grants: not pruned"
             assert age.total_seconds() < 3.0, f"a row ended {age} ago is still there (retention 1 s)"
-            assert max(counts) < grants / 3
+            # Bounded all along: at most about retention + one pruning round
+            # of grants' worth, far from the run's 5 s.
+            assert max(counts) < grants / 2
             assert conn.execute("SELECT ended_at FROM fenced_lock_history WHERE token = %s", (kept,)).fetchone() \
                 == (None,)
 

@@ -64,15 +64,15 @@ def test_granted_role_uses_locks_through_the_functions_and_the_view(sec, lock):
 def test_application_role_cannot_read_or_write_lease_state_directly(sec, su, lock):
     token, before = held_by_a(sec, lock)
     attacks = [
-        "SELECT * FROM fenced_lock_internal.lease_records",
-        "INSERT INTO fenced_lock_internal.lease_records VALUES "
+        "SELECT * FROM fenced_lock_internal.granted_leases",
+        "INSERT INTO fenced_lock_internal.granted_leases VALUES "
         "('sec:forged', 1, NULL, current_user::regrole, now(), now() + '1 day', '1 day')",
-        f"UPDATE fenced_lock_internal.lease_records SET expires_at = now() + interval '1 day' WHERE name = '{lock}'",
-        f"UPDATE fenced_lock_internal.lease_records SET owner = current_user::regrole WHERE name = '{lock}'",
-        f"DELETE FROM fenced_lock_internal.lease_records WHERE name = '{lock}'",
-        "TRUNCATE fenced_lock_internal.lease_records",
-        "COPY fenced_lock_internal.lease_records FROM STDIN",
-        "ALTER TABLE fenced_lock_internal.lease_records DISABLE TRIGGER ALL",
+        f"UPDATE fenced_lock_internal.granted_leases SET expires_at = now() + interval '1 day' WHERE name = '{lock}'",
+        f"UPDATE fenced_lock_internal.granted_leases SET owner = current_user::regrole WHERE name = '{lock}'",
+        f"DELETE FROM fenced_lock_internal.granted_leases WHERE name = '{lock}'",
+        "TRUNCATE fenced_lock_internal.granted_leases",
+        "COPY fenced_lock_internal.granted_leases FROM STDIN",
+        "ALTER TABLE fenced_lock_internal.granted_leases DISABLE TRIGGER ALL",
         "CREATE TABLE fenced_lock_internal.shadow (x int)",
     ]
     for role in (sec.APP_A, sec.APP_B):
@@ -80,7 +80,7 @@ def test_application_role_cannot_read_or_write_lease_state_directly(sec, su, loc
             for q in attacks:
                 assert sqlstate(c, q) == "42501", (role, q)
             c.execute("BEGIN")
-            assert sqlstate(c, "LOCK TABLE fenced_lock_internal.lease_records") == "42501"
+            assert sqlstate(c, "LOCK TABLE fenced_lock_internal.granted_leases") == "42501"
             c.execute("ROLLBACK")
     assert lease_record(su, lock) == before
     assert lease_record(su, "sec:forged") is None
@@ -129,7 +129,7 @@ def test_internal_helper_only_answers_about_the_caller(sec, su, lock):
             assert see(sec.MEMBER_A) is False
             assert see(sec.APP_B) is True
             assert one(b, "SELECT fenced_lock_internal.may_see(NULL)") is False
-            assert sqlstate(b, "SELECT token FROM fenced_lock_internal.lease_records") == "42501"
+            assert sqlstate(b, "SELECT token FROM fenced_lock_internal.granted_leases") == "42501"
             assert sqlstate(b, "SELECT nextval('fenced_lock_internal.token_seq')") == "42501"
     finally:
         su.execute(sql.SQL("REVOKE USAGE ON SCHEMA fenced_lock_internal FROM {}").format(I(sec.APP_B)))
@@ -236,7 +236,7 @@ def test_application_role_cannot_redefine_drop_or_regrant_the_extensions_objects
         "LANGUAGE sql AS 'SELECT true'",
         "ALTER FUNCTION fenced_lock_validate(text, bigint) SECURITY DEFINER",
         "ALTER FUNCTION fenced_lock_force_release(text) OWNER TO CURRENT_USER",
-        "ALTER FUNCTION fenced_lock_try_acquire(text, interval, text, boolean) SET fenced_lock.max_ttl = '10d'",
+        "ALTER FUNCTION fenced_lock_try_acquire(text, interval, text, boolean, boolean, integer) SET fenced_lock.max_ttl = '10d'",
         "DROP FUNCTION fenced_lock_force_release(text)",
         "CREATE OR REPLACE VIEW fenced_lock_leases AS SELECT 1 AS x",
         "ALTER VIEW fenced_lock_leases RENAME TO hidden",

@@ -55,7 +55,7 @@ def test_works_through_many_connections_without_session_state(cluster, db, app):
         assert err.value.sqlstate == "FL001"
 
     with cluster.connect(db) as su:
-        assert su.execute("SELECT count(*) FROM fenced_lock_internal.lease_records WHERE name = %s",
+        assert su.execute("SELECT count(*) FROM fenced_lock_internal.granted_leases WHERE name = %s",
                           (name,)).fetchone()[0] == 0
         assert su.execute("SELECT count(*) FROM docs").fetchone()[0] == 0
 

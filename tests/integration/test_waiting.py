@@ -117,7 +117,7 @@ def test_fifty_waiters_granted_once_each_in_arrival_order(env, mon):
     checked = it_support.check_history(it_support.read_history(mon, [name]))
     assert [lease.token for lease in checked.leases[name]] == [first] + tokens
     assert checked.releases == 51
-    assert mon.execute("SELECT count(*) FROM fenced_lock_internal.lease_records WHERE name = %s", (name,)).fetchone()[0] == 0
+    assert mon.execute("SELECT count(*) FROM fenced_lock_internal.granted_leases WHERE name = %s", (name,)).fetchone()[0] == 0
 
 
 # -- ending a wait ------------------------------------------------------------------
@@ -154,7 +154,7 @@ def interrupted_wait(env, mon, name, position, prepare, wait, interrupt, expecte
         # by its backend, no open transaction; the connection still works
         assert it_support.fenced_locks_of(mon, pid) == []
         assert mon.execute("SELECT state FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()[0] == "idle"
-        assert mon.execute("SELECT token FROM fenced_lock_internal.lease_records WHERE name = %s",
+        assert mon.execute("SELECT token FROM fenced_lock_internal.granted_leases WHERE name = %s",
                            (name,)).fetchall() == [(first,)]
         assert victim.execute("SELECT 1").fetchone()[0] == 1
 
@@ -226,7 +226,7 @@ def test_cancel_of_a_head_waiting_for_an_in_flight_transition_leaves_no_trace(en
         assert it_support.fenced_locks_of(mon, pid) == []
         assert victim.execute("SELECT 1").fetchone()[0] == 1
         holder.execute("COMMIT")
-        assert mon.execute("SELECT token FROM fenced_lock_internal.lease_records WHERE name = %s",
+        assert mon.execute("SELECT token FROM fenced_lock_internal.granted_leases WHERE name = %s",
                            (name,)).fetchall() == [(token,)]
 
 

@@ -69,11 +69,12 @@ BEGIN
   RAISE EXCEPTION 'still not true after 10 s: %', condition;
 END $$;
 
--- iso_fenced_locks(): how many of fenced_lock's name and queue locks
--- (classid 0x464C0001, 0x464C0002) anyone holds or awaits right now; 0 once
--- every transition and wait is over.
+-- iso_fenced_locks(): how many of fenced_lock's name, queue and lease locks
+-- (classid 0x464C0001, 0x464C0002; objsubid 0x464E) anyone holds or awaits
+-- right now; 0 once every transition, wait and guarded write is over.
 CREATE FUNCTION iso_fenced_locks() RETURNS bigint LANGUAGE sql AS $$
-  SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid IN (1179385857, 1179385858)
+  SELECT count(*) FROM pg_locks
+   WHERE locktype = 'advisory' AND (classid IN (1179385857, 1179385858) OR objsubid = 17998)
 $$;
 
 -- iso_reset(names...): end of a permutation: forget its tokens and end every

@@ -8,6 +8,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 MAJOR = int(os.environ.get("PG_MAJOR", "15"))
+# The version the build under test installs (fenced_lock.control's default).
+CURRENT = next(line.split('"')[1] for line in (REPO / "Cargo.toml").read_text().splitlines()
+               if line.startswith("version = "))
 # The pg_config of the server the tests start (tests/harness/cluster.py runs
 # the major's whole install when there is one: PG_FULL_CONFIG).
 PG_CONFIG = os.environ.get("PG_FULL_CONFIG") or os.environ.get("PG_CONFIG", "/usr/bin/pg_config")

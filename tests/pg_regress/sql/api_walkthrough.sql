@@ -12,7 +12,7 @@ SELECT fenced_lock_validate('walk:orders', 1) AS token_1_is_live;
 SELECT fenced_lock_try_acquire('walk:orders', '10 minutes', holder => 'worker-a') AS t1 \gset
 SELECT :t1 > 0 AS token_is_positive;
 
--- The view shows one row per name with a lease record. The ttl asked for is
+-- The view shows one row per lease (here the only one of its name). The ttl asked for is
 -- expires_at - acquired_at.
 SELECT name, token = :t1 AS is_t1, holder, owner, expires_at - acquired_at AS ttl, live
   FROM fenced_lock_leases WHERE name LIKE 'walk:%';
@@ -108,6 +108,15 @@ SELECT fenced_lock_acquire('walk:orders', '30 seconds', holder => 'worker-b') = 
 SELECT fenced_lock_renew('walk:orders', :t3, '200 ms') AS renewed;
 SELECT fenced_lock_acquire('walk:orders', '30 seconds', wait => '10 seconds', holder => 'worker-c') AS t5 \gset
 SELECT :t5 > :t4 AS t5_above_t4, fenced_lock_validate('walk:orders', :t5) AS t5_is_live;
+
+-- An acquire never waits for a lease of its own session: this session holds
+-- a lease of walk:self without a holder, so asking again without one could
+-- only be granted once that lease ends. It fails at once (FL003) instead of
+-- waiting for itself. (A lease with a holder belongs to its holder, who gets
+-- its token back; another holder simply waits.)
+SELECT fenced_lock_try_acquire('walk:self', '30 seconds') AS tself \gset
+SELECT fenced_lock_acquire('walk:self', '30 seconds', wait => '1 hour');
+SELECT fenced_lock_release('walk:self', :tself) AS released;
 
 -- Lock names are compared byte for byte: case, spaces and unicode all count.
 SELECT fenced_lock_try_acquire('walk:Orders') IS NOT NULL AS granted;

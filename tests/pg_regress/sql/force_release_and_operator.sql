@@ -9,7 +9,7 @@ CREATE ROLE fl_regress_app;
 CREATE ROLE fl_regress_ops;
 CREATE ROLE fl_regress_oncall IN ROLE fl_regress_ops;
 GRANT EXECUTE ON FUNCTION
-    fenced_lock_try_acquire(text, interval, text, boolean),
+    fenced_lock_try_acquire(text, interval, text, boolean, boolean, integer),
     fenced_lock_release(text, bigint),
     fenced_lock_validate(text, bigint),
     fenced_lock_force_release(text)
@@ -110,7 +110,7 @@ SELECT fenced_lock_force_release('force:job') AS ended;
 -- Clean up.
 SELECT count(*) AS leases FROM fenced_lock_leases WHERE name LIKE 'force:%' AND live;
 REVOKE ALL ON FUNCTION
-    fenced_lock_try_acquire(text, interval, text, boolean),
+    fenced_lock_try_acquire(text, interval, text, boolean, boolean, integer),
     fenced_lock_release(text, bigint),
     fenced_lock_validate(text, bigint),
     fenced_lock_force_release(text)

@@ -2,7 +2,7 @@
 -- docs/design.md, "Observability"). With fenced_lock.notify = on (a
 -- superuser setting), every committed grant, release, force release, expiry
 -- (observed at a takeover) and session end sends NOTIFY on the channel
--- fenced_lock, with the payload {"name":...,"event":...,"token":...}.
+-- fenced_lock, with the payload {"name":...,"event":...,"token":...,"mode":...}.
 -- PostgreSQL delivers notifications at commit, in commit order; renewals,
 -- rolled-back work, and anything done with the setting off send nothing.
 --
@@ -31,8 +31,8 @@ BEGIN
       tok := (r.extra::json ->> 'token')::bigint;
       INSERT INTO notify_received (channel, payload)
         SELECT r.notify_name,
-               replace(r.extra, '"token":' || tok || '}',
-                       '"token":<' || coalesce((SELECT who FROM notify_tokens WHERE token = tok), '?') || '>}');
+               replace(r.extra, '"token":' || tok || ',',
+                       '"token":<' || coalesce((SELECT who FROM notify_tokens WHERE token = tok), '?') || '>,');
     END LOOP;
     EXIT WHEN (SELECT count(*) FROM notify_received) >= expected;
     PERFORM pg_sleep(0.01);

@@ -12,8 +12,8 @@ CREATE ROLE fl_regress_bob;
 CREATE ROLE fl_regress_alice_helper IN ROLE fl_regress_alice;
 CREATE ROLE fl_regress_nobody;
 GRANT EXECUTE ON FUNCTION
-    fenced_lock_try_acquire(text, interval, text, boolean),
-    fenced_lock_acquire(text, interval, interval, text, boolean),
+    fenced_lock_try_acquire(text, interval, text, boolean, boolean, integer),
+    fenced_lock_acquire(text, interval, interval, text, boolean, boolean, integer),
     fenced_lock_renew(text, bigint, interval),
     fenced_lock_release(text, bigint),
     fenced_lock_validate(text, bigint),
@@ -50,12 +50,12 @@ RESET ROLE;
 -- The lease state is out of reach: the private schema is not usable at all.
 SET ROLE fl_regress_alice;
 \set VERBOSITY default
-SELECT * FROM fenced_lock_internal.lease_records;
+SELECT * FROM fenced_lock_internal.granted_leases;
 \set VERBOSITY sqlstate
-INSERT INTO fenced_lock_internal.lease_records VALUES ('roles:forged', 1, NULL, 'fl_regress_alice', now(), now() + '1 hour', '1 hour');
-UPDATE fenced_lock_internal.lease_records SET expires_at = expires_at + '1 hour';
-DELETE FROM fenced_lock_internal.lease_records;
-TRUNCATE fenced_lock_internal.lease_records;
+INSERT INTO fenced_lock_internal.granted_leases VALUES ('roles:forged', 1, NULL, 'fl_regress_alice', now(), now() + '1 hour', '1 hour');
+UPDATE fenced_lock_internal.granted_leases SET expires_at = expires_at + '1 hour';
+DELETE FROM fenced_lock_internal.granted_leases;
+TRUNCATE fenced_lock_internal.granted_leases;
 SELECT nextval('fenced_lock_internal.token_seq');
 SELECT setval('fenced_lock_internal.token_seq', 1);
 -- The same for the history: it cannot be read, forged or erased directly.
@@ -72,10 +72,10 @@ RESET ROLE;
 -- Even with USAGE on the schema, the tables and the sequence grant nothing.
 GRANT USAGE ON SCHEMA fenced_lock_internal TO fl_regress_alice;
 SET ROLE fl_regress_alice;
-SELECT * FROM fenced_lock_internal.lease_records;
-INSERT INTO fenced_lock_internal.lease_records VALUES ('roles:forged', 1, NULL, 'fl_regress_alice', now(), now() + '1 hour', '1 hour');
-UPDATE fenced_lock_internal.lease_records SET expires_at = expires_at + '1 hour';
-DELETE FROM fenced_lock_internal.lease_records;
+SELECT * FROM fenced_lock_internal.granted_leases;
+INSERT INTO fenced_lock_internal.granted_leases VALUES ('roles:forged', 1, NULL, 'fl_regress_alice', now(), now() + '1 hour', '1 hour');
+UPDATE fenced_lock_internal.granted_leases SET expires_at = expires_at + '1 hour';
+DELETE FROM fenced_lock_internal.granted_leases;
 SELECT nextval('fenced_lock_internal.token_seq');
 SELECT * FROM fenced_lock_internal.lease_history;
 UPDATE fenced_lock_internal.lease_history SET ended_by = NULL, ended_at = NULL;
@@ -165,8 +165,8 @@ RESET client_min_messages;
 -- Clean up.
 SELECT count(*) AS leases FROM fenced_lock_leases WHERE name LIKE 'roles:%';
 REVOKE ALL ON FUNCTION
-    fenced_lock_try_acquire(text, interval, text, boolean),
-    fenced_lock_acquire(text, interval, interval, text, boolean),
+    fenced_lock_try_acquire(text, interval, text, boolean, boolean, integer),
+    fenced_lock_acquire(text, interval, interval, text, boolean, boolean, integer),
     fenced_lock_renew(text, bigint, interval),
     fenced_lock_release(text, bigint),
     fenced_lock_validate(text, bigint),

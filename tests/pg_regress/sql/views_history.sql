@@ -14,7 +14,7 @@ SELECT attname AS column, format_type(atttypid, atttypmod) AS type
 CREATE ROLE fl_regress_h_app;
 CREATE ROLE fl_regress_h_ops;
 CREATE ROLE fl_regress_h_other;
-GRANT EXECUTE ON FUNCTION fenced_lock_try_acquire(text, interval, text, boolean),
+GRANT EXECUTE ON FUNCTION fenced_lock_try_acquire(text, interval, text, boolean, boolean, integer),
                           fenced_lock_renew(text, bigint, interval),
                           fenced_lock_release(text, bigint),
                           fenced_lock_force_release(text) TO fl_regress_h_app, fl_regress_h_ops;
@@ -121,7 +121,7 @@ SHOW fenced_lock.history_retention;
 RESET fenced_lock.operator_role;
 SELECT count(*) AS leases FROM fenced_lock_leases WHERE name LIKE 'hist:%' AND live;
 REVOKE ALL ON fenced_lock_history FROM fl_regress_h_app, fl_regress_h_ops, fl_regress_h_other;
-REVOKE ALL ON FUNCTION fenced_lock_try_acquire(text, interval, text, boolean),
+REVOKE ALL ON FUNCTION fenced_lock_try_acquire(text, interval, text, boolean, boolean, integer),
                        fenced_lock_renew(text, bigint, interval),
                        fenced_lock_release(text, bigint),
                        fenced_lock_force_release(text) FROM fl_regress_h_app, fl_regress_h_ops;

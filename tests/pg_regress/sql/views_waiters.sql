@@ -22,7 +22,7 @@ CREATE ROLE fl_regress_w_app;                              -- the role that wait
 CREATE ROLE fl_regress_w_helper IN ROLE fl_regress_w_app;  -- acts for it
 CREATE ROLE fl_regress_w_monitor;                          -- granted SELECT only
 CREATE ROLE fl_regress_w_nobody;                           -- granted nothing
-GRANT EXECUTE ON FUNCTION fenced_lock_acquire(text, interval, interval, text, boolean),
+GRANT EXECUTE ON FUNCTION fenced_lock_acquire(text, interval, interval, text, boolean, boolean, integer),
                           fenced_lock_release(text, bigint) TO fl_regress_w_app;
 GRANT SELECT ON fenced_lock_waiters TO fl_regress_w_app, fl_regress_w_monitor;
 SET ROLE fl_regress_w_nobody;
@@ -88,6 +88,6 @@ SELECT * FROM dblink('w2', format('SELECT fenced_lock_release(%L, %s)', 'wq:job'
 SELECT dblink_disconnect('w1'), dblink_disconnect('w2');
 SELECT count(*) AS leases FROM fenced_lock_leases WHERE name LIKE 'wq:%' AND live;
 REVOKE ALL ON fenced_lock_waiters FROM fl_regress_w_app, fl_regress_w_helper, fl_regress_w_monitor;
-REVOKE ALL ON FUNCTION fenced_lock_acquire(text, interval, interval, text, boolean),
+REVOKE ALL ON FUNCTION fenced_lock_acquire(text, interval, interval, text, boolean, boolean, integer),
                        fenced_lock_release(text, bigint) FROM fl_regress_w_app;
 DROP ROLE fl_regress_w_helper, fl_regress_w_app, fl_regress_w_monitor, fl_regress_w_nobody;
