@@ -226,3 +226,27 @@ def test_a_lease_dropped_without_a_release_is_not_renewed_forever(dsn, admin, na
     wait_until(lambda: not admin.execute("SELECT fenced_lock_validate(%s, %s)", (name, token)).fetchone()[0],
                10, "the dropped lease to expire")
     wait_until(lambda: not (set(keepalive_pids(admin)) - before), 10, "the keepalive's connection to close")
+
+
+def test_a_renew_held_up_by_the_holders_own_transaction_does_not_hold_up_its_release(dsn, admin, doc):
+    """'Guarded writes, then release, then COMMIT': the release waits for the
+    renew in flight, which waits for the name lock that this very transaction
+    holds. The renew gives up after its lock_timeout (set for that statement
+    only), so the release goes through at once instead of at the deadline."""
+    row, lock = doc
+    lease = Locker(dsn, keepalive_interval=0.2).acquire(lock, ttl=20)
+    try:
+        with lease.conn.transaction():
+            lease.conn.execute("UPDATE docs SET fence_token = %s WHERE id = %s", (lease.token, row))
+            wait_until(lambda: admin.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' "
+                "AND application_name = 'fenced_lock_keepalive'").fetchone(), 5, "the renew to wait for the lock")
+            called = time.monotonic()
+            assert lease.release() is True
+            took = time.monotonic() - called
+        print(f"release took {took:.2f} s with a renew held up behind its transaction")
+        assert took < 1.5
+        assert not lease.lost.is_set()
+    finally:
+        lease.close()
+    assert [h["ended_by"] for h in history(admin, lock)][-1] == "release"

@@ -33,7 +33,7 @@ class _AsyncSource:
     """A connection string, a psycopg_pool AsyncConnectionPool, or a callable
     returning (or returning an awaitable of) a psycopg AsyncConnection."""
 
-    def __init__(self, source: Any):
+    def __init__(self, source: Any, transaction_pooling: bool):
         if isinstance(source, str):
             self.kind = "conninfo"
         elif c.is_pool(source):
@@ -45,13 +45,12 @@ class _AsyncSource:
                                   f"returning a psycopg AsyncConnection, not {type(source).__name__}",
                                   argument="source")
         self.source = source
-        # The autocommit of pooled connections the keepalive switched on, by
-        # id(conn), to be put back before they return to the pool.
-        self._autocommit: dict = {}
+        self.connect_kwargs = c.pooler_kwargs(transaction_pooling)
+        self._saved: dict = {}
 
     async def lease_connection(self) -> psycopg.AsyncConnection:
         if self.kind == "conninfo":
-            return await psycopg.AsyncConnection.connect(self.source, autocommit=True)
+            return await psycopg.AsyncConnection.connect(self.source, autocommit=True, **self.connect_kwargs)
         if self.kind == "pool":
             return await self.source.getconn()
         conn = await _maybe_await(self.source())
@@ -62,35 +61,37 @@ class _AsyncSource:
 
     async def keepalive_connection(self, interval: float, ttl: float, remaining: float) -> psycopg.AsyncConnection:
         if self.kind == "conninfo":
-            conn = await psycopg.AsyncConnection.connect(self.source,
-                                                         **c.keepalive_connect_kwargs(interval, ttl, remaining))
-        elif self.kind == "pool":
+            return await psycopg.AsyncConnection.connect(
+                self.source, **c.keepalive_connect_kwargs(interval, ttl, remaining), **self.connect_kwargs)
+        if self.kind == "pool":
             conn = await self.source.getconn(timeout=max(0.1, remaining))
         else:
             conn = await self.lease_connection()
         try:
-            if not conn.autocommit:
-                self._autocommit[id(conn)] = False
-                await conn.set_autocommit(True)
-            await conn.execute(c.keepalive_session_sql(interval))
+            self._saved[id(conn)] = (conn.autocommit, conn.prepare_threshold)
+            await conn.set_autocommit(True)
+            if self.connect_kwargs:
+                conn.prepare_threshold = None
+            await conn.execute(c.SET_KEEPALIVE_NAME_SQL)
         except BaseException:
             await self.give_back(conn, keepalive=True)
             raise
         return conn
 
     async def give_back(self, conn: psycopg.AsyncConnection, keepalive: bool = False) -> None:
-        restore_autocommit = self._autocommit.pop(id(conn), None)
+        saved = self._saved.pop(id(conn), None)
         try:
             if self.kind != "pool":
                 await conn.close()
                 return
             if keepalive and c.usable(conn):
                 try:
-                    await conn.execute(c.RESET_KEEPALIVE_SQL)
+                    await conn.execute(c.RESET_KEEPALIVE_NAME_SQL)
+                    if saved is not None:
+                        await conn.set_autocommit(saved[0])
+                        conn.prepare_threshold = saved[1]
                 except psycopg.Error:
                     pass  # the pool checks the connection and drops it if broken
-            if restore_autocommit is False and c.usable(conn):
-                await conn.set_autocommit(False)
             await self.source.putconn(conn)
         except Exception as e:  # giving a connection back must never hide the caller's result
             log.warning("fenced_lock: could not give a connection back: %s", e)
@@ -106,6 +107,7 @@ class _AsyncKeepalive:
         self.name, self.token, self.ttl = lease.name, lease.token, lease._ttl_s
         self.source = source
         self.interval = interval
+        self.lock_timeout = f"{c.lock_timeout_ms(interval)}ms"
         self.stopping = False
         self.wake = asyncio.Event()
         self.task: Optional[asyncio.Task] = None
@@ -176,8 +178,8 @@ class _AsyncKeepalive:
                     return
                 try:
                     sent = monotonic()
-                    cur = await conn.execute(c.RENEW_SQL, (self.name, self.token))
-                    live = (await cur.fetchone())[0]
+                    cur = await conn.execute(c.KEEPALIVE_RENEW_SQL, (self.lock_timeout, self.name, self.token))
+                    live = (await cur.fetchone())[1]
                 except Exception as e:
                     blocked = isinstance(e, psycopg.errors.LockNotAvailable)
                     if not blocked:
@@ -255,7 +257,8 @@ class AsyncLease(c.LeaseBase):
             if why_not is not None:
                 if why_not == c.LOST_NOW:
                     self._signal_lost()
-                await self._give_back_conn()
+                if not c.caller_transaction_open(self.conn):
+                    await self._give_back_conn()
                 return False
             try:
                 return await self._send_release()
@@ -424,11 +427,11 @@ class AsyncLocker:
 
     def __init__(self, source: Any, *, keepalive_interval: Optional[Seconds] = None,
                  attempts: int = c.DEFAULT_ATTEMPTS, transaction_pooling: bool = False):
-        self._source = _AsyncSource(source)
+        self.transaction_pooling = c.flag(transaction_pooling, "transaction_pooling")
+        self._source = _AsyncSource(source, self.transaction_pooling)
         self.keepalive_interval = None if keepalive_interval is None else \
             c.seconds(keepalive_interval, "keepalive_interval")
         self.attempts = c.positive_int(attempts, "attempts")
-        self.transaction_pooling = c.flag(transaction_pooling, "transaction_pooling")
 
     async def try_acquire(self, name: str, ttl: Seconds = c.DEFAULT_TTL, holder: Optional[str] = None,
                           session_bound: bool = False, shared: bool = False, permits: int = 1, *,

@@ -24,7 +24,11 @@ KEEPALIVE_APPLICATION_NAME = "fenced_lock_keepalive"
 DEFAULT_TTL = 30.0
 DEFAULT_ATTEMPTS = 5
 
-RENEW_SQL = "SELECT fenced_lock_renew(%s, %s)"
+# The keepalive's renew. Its lock_timeout is set for this statement's own
+# transaction (set_config(..., true), evaluated before the renew in the
+# target list), so that nothing is left in the session: behind a transaction
+# pooler the session is shared with other clients.
+KEEPALIVE_RENEW_SQL = "SELECT set_config('lock_timeout', %s, true), fenced_lock_renew(%s, %s)"
 RELEASE_SQL = "SELECT fenced_lock_release(%s, %s)"
 
 # Lease states. Lost is reached only from HELD: once release has begun the
@@ -263,6 +267,14 @@ def is_pool(source: Any) -> bool:
     return hasattr(source, "getconn") and hasattr(source, "putconn")
 
 
+def pooler_kwargs(transaction_pooling: bool) -> dict:
+    """Options of the connections a locker opens itself, behind a
+    transaction pooler: no server-side prepared statements, which live in a
+    server session that the next transaction may not get (psycopg prepares a
+    statement it has run 5 times, as the keepalive's renew soon is)."""
+    return {"prepare_threshold": None} if transaction_pooling else {}
+
+
 def keepalive_connect_kwargs(interval: float, ttl: float, remaining: float) -> dict:
     """Options of a keepalive connection opened from a connection string: its
     name in pg_stat_activity, and bounds on how long a connect or a silent
@@ -280,12 +292,8 @@ def keepalive_connect_kwargs(interval: float, ttl: float, remaining: float) -> d
     }
 
 
-def keepalive_session_sql(interval: float) -> str:
-    return (f"SET application_name = '{KEEPALIVE_APPLICATION_NAME}'; "
-            f"SET lock_timeout = '{lock_timeout_ms(interval)}ms'")
-
-
-RESET_KEEPALIVE_SQL = "RESET application_name; RESET lock_timeout"
+SET_KEEPALIVE_NAME_SQL = f"SET application_name = '{KEEPALIVE_APPLICATION_NAME}'"
+RESET_KEEPALIVE_NAME_SQL = "RESET application_name"
 
 
 class LeaseBase:
@@ -332,6 +340,7 @@ class LeaseBase:
 
 
 def caller_transaction_open(conn: Any) -> bool:
-    """Is the caller in the middle of a transaction on `conn` (so that it
-    cannot be given back yet: the caller commits it)?"""
-    return usable(conn) and conn.info.transaction_status in (TransactionStatus.INTRANS, TransactionStatus.ACTIVE)
+    """Is the caller in the middle of a transaction on `conn`, even a failed
+    one, so that it cannot be given back yet (the caller's own `with
+    conn.transaction()` ends it)?"""
+    return usable(conn) and conn.info.transaction_status != TransactionStatus.IDLE

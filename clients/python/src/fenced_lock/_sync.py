@@ -25,9 +25,9 @@ __all__ = ["Locker", "Lease"]
 class _Source:
     """Where a locker gets connections: a connection string, a psycopg_pool
     ConnectionPool, or a factory. Connections it hands out are given back to
-    it (closed, or returned to the pool)."""
+    it (closed, or returned to the pool as they were)."""
 
-    def __init__(self, source: Any):
+    def __init__(self, source: Any, transaction_pooling: bool):
         if isinstance(source, str):
             self.kind = "conninfo"
         elif c.is_pool(source):
@@ -38,13 +38,15 @@ class _Source:
             raise InvalidArgument("source must be a connection string, a ConnectionPool or a callable returning "
                                   f"a psycopg Connection, not {type(source).__name__}", argument="source")
         self.source = source
-        # The autocommit of pooled connections the keepalive switched on, by
-        # id(conn), to be put back before they return to the pool.
-        self._autocommit: dict = {}
+        self.connect_kwargs = c.pooler_kwargs(transaction_pooling)
+        # What the keepalive changed on a connection it did not open (its
+        # autocommit, its prepare_threshold), by id(conn), to be put back
+        # before it returns to the pool.
+        self._saved: dict = {}
 
     def lease_connection(self) -> psycopg.Connection:
         if self.kind == "conninfo":
-            return psycopg.connect(self.source, autocommit=True)
+            return psycopg.connect(self.source, autocommit=True, **self.connect_kwargs)
         if self.kind == "pool":
             return self.source.getconn()
         conn = self.source()
@@ -55,34 +57,36 @@ class _Source:
 
     def keepalive_connection(self, interval: float, ttl: float, remaining: float) -> psycopg.Connection:
         if self.kind == "conninfo":
-            conn = psycopg.connect(self.source, **c.keepalive_connect_kwargs(interval, ttl, remaining))
-        elif self.kind == "pool":
+            return psycopg.connect(self.source, **c.keepalive_connect_kwargs(interval, ttl, remaining),
+                                   **self.connect_kwargs)
+        if self.kind == "pool":
             conn = self.source.getconn(timeout=max(0.1, remaining))
         else:
             conn = self.lease_connection()
         try:
-            if not conn.autocommit:
-                self._autocommit[id(conn)] = False
-                conn.autocommit = True
-            conn.execute(c.keepalive_session_sql(interval))
+            self._saved[id(conn)] = (conn.autocommit, conn.prepare_threshold)
+            conn.autocommit = True
+            if self.connect_kwargs:
+                conn.prepare_threshold = None
+            conn.execute(c.SET_KEEPALIVE_NAME_SQL)
         except BaseException:
             self.give_back(conn, keepalive=True)
             raise
         return conn
 
     def give_back(self, conn: psycopg.Connection, keepalive: bool = False) -> None:
-        restore_autocommit = self._autocommit.pop(id(conn), None)
+        saved = self._saved.pop(id(conn), None)
         try:
             if self.kind != "pool":
                 conn.close()
                 return
             if keepalive and c.usable(conn):
                 try:
-                    conn.execute(c.RESET_KEEPALIVE_SQL)
+                    conn.execute(c.RESET_KEEPALIVE_NAME_SQL)
+                    if saved is not None:
+                        conn.autocommit, conn.prepare_threshold = saved
                 except psycopg.Error:
                     pass  # the pool checks the connection and drops it if broken
-            if restore_autocommit is False and c.usable(conn):
-                conn.autocommit = False
             self.source.putconn(conn)
         except Exception as e:  # giving a connection back must never hide the caller's result
             log.warning("fenced_lock: could not give a connection back: %s", e)
@@ -140,6 +144,7 @@ class _Keepalive:
         self.name, self.token, self.ttl = lease.name, lease.token, lease._ttl_s
         self.source = source
         self.interval = interval
+        self.lock_timeout = f"{c.lock_timeout_ms(interval)}ms"
         self.cv = threading.Condition()
         self.stopping = False
         self.thread = threading.Thread(target=self._run, name=f"fenced_lock keepalive {lease.name}", daemon=True)
@@ -205,7 +210,8 @@ class _Keepalive:
                     return
                 try:
                     sent = monotonic()
-                    live = conn.execute(c.RENEW_SQL, (self.name, self.token)).fetchone()[0]
+                    row = conn.execute(c.KEEPALIVE_RENEW_SQL, (self.lock_timeout, self.name, self.token)).fetchone()
+                    live = row[1]
                 except Exception as e:
                     # Never stop on an error: retry (on a new connection if
                     # this one is broken) until a renew succeeds or the
@@ -297,7 +303,8 @@ class Lease(c.LeaseBase):
             if why_not is not None:
                 if why_not == c.LOST_NOW:
                     self._signal_lost()
-                self._give_back_conn()
+                if not c.caller_transaction_open(self.conn):
+                    self._give_back_conn()
                 return False
             try:
                 return self._send_release()
@@ -454,11 +461,11 @@ class Locker:
 
     def __init__(self, source: Any, *, keepalive_interval: Optional[Seconds] = None,
                  attempts: int = c.DEFAULT_ATTEMPTS, transaction_pooling: bool = False):
-        self._source = _Source(source)
+        self.transaction_pooling = c.flag(transaction_pooling, "transaction_pooling")
+        self._source = _Source(source, self.transaction_pooling)
         self.keepalive_interval = None if keepalive_interval is None else \
             c.seconds(keepalive_interval, "keepalive_interval")
         self.attempts = c.positive_int(attempts, "attempts")
-        self.transaction_pooling = c.flag(transaction_pooling, "transaction_pooling")
 
     def try_acquire(self, name: str, ttl: Seconds = c.DEFAULT_TTL, holder: Optional[str] = None,
                     session_bound: bool = False, shared: bool = False, permits: int = 1, *,
