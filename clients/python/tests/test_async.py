@@ -69,14 +69,14 @@ def test_async_terminated_keepalive_connection_is_replaced_and_the_lease_stays_l
     before = set(keepalive_pids(admin))
 
     async def go():
-        async with AsyncLocker(dsn).acquire(name, ttl=2.0, on_renewed=lambda l: renewed.append(time.monotonic())) \
+        async with AsyncLocker(dsn).acquire(name, ttl=1.2, on_renewed=lambda l: renewed.append(time.monotonic())) \
                 as lease:
             while not (set(keepalive_pids(admin)) - before) or not renewed:
                 await asyncio.sleep(0.05)
             (old,) = set(keepalive_pids(admin)) - before
             admin.execute("SELECT pg_terminate_backend(%s)", (old,))
             killed = time.monotonic()
-            await asyncio.sleep(4.0)
+            await asyncio.sleep(2.4)  # two ttls
             assert not lease.lost.is_set(), lease.lost_reason
             assert admin.execute("SELECT fenced_lock_validate(%s, %s)", (name, lease.token)).fetchone()[0]
             assert len([t for t in renewed if t > killed]) >= 3

@@ -72,7 +72,7 @@ def test_keepalive_runs_on_its_own_connection_named_fenced_lock_keepalive(dsn, a
 
 def test_terminated_keepalive_connection_is_replaced_and_the_lease_stays_live(dsn, admin, name):
     ev = Events()
-    ttl = 2.0
+    ttl = 1.2
     before = set(keepalive_pids(admin))
     with Locker(dsn).acquire(name, ttl=ttl, on_renewed=ev.on_renewed, on_lost=ev.on_lost) as lease:
         (old,) = wait_until(lambda: set(keepalive_pids(admin)) - before, 5, "the keepalive's connection")

@@ -142,12 +142,12 @@ def test_scoped_form_does_not_release_a_lost_lease(dsn, admin, doc):
 def test_waiting_longer_than_the_ttl_still_starts_with_a_live_lease(dsn, admin, name):
     """The deadline counts from the send of the acquire; a grant that came
     after a long wait is renewed at once, so it does not start out lost."""
-    admin.execute("SELECT fenced_lock_try_acquire(%s, '2 s')", (name,))
+    admin.execute("SELECT fenced_lock_try_acquire(%s, '1.5 s')", (name,))
     started = time.monotonic()
     with Locker(dsn).acquire(name, ttl=1.0) as lease:
         assert time.monotonic() - started > 1.0
         assert not lease.lost.is_set()
-        time.sleep(2.0)
+        time.sleep(1.5)
         assert not lease.lost.is_set(), lease.lost_reason
         assert admin.execute("SELECT fenced_lock_validate(%s, %s)", (name, lease.token)).fetchone()[0]
 
