@@ -158,8 +158,9 @@ class _Keepalive:
         with self.cv:
             self.stopping = True
             self.cv.notify_all()
-        if self.thread is not threading.current_thread():
-            self.thread.join(timeout)
+        if self.thread is threading.current_thread():
+            return True  # called from on_renewed: the loop ends when the callback returns
+        self.thread.join(timeout)
         return not self.thread.is_alive()
 
     def _lose(self, reason: str) -> None:
