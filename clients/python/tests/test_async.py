@@ -25,9 +25,9 @@ def test_async_keepalive_keeps_a_section_of_three_times_the_ttl_alive(dsn, admin
     renewed = []
 
     async def go():
-        async with AsyncLocker(dsn).acquire(lock, ttl=1.2, on_renewed=lambda lease: renewed.append(1)) as lease:
+        async with AsyncLocker(dsn).acquire(lock, ttl=1.0, on_renewed=lambda lease: renewed.append(1)) as lease:
             assert isinstance(lease, AsyncLease) and isinstance(lease.lost, asyncio.Event)
-            await asyncio.sleep(3.6)
+            await asyncio.sleep(3.0)  # three ttls
             await lease.conn.execute("UPDATE docs SET fence_token = %s WHERE id = %s", (lease.token, row))
             assert not lease.lost.is_set()
         return lease

@@ -35,7 +35,7 @@ class Events:
 def test_keepalive_keeps_a_critical_section_of_three_times_the_ttl_alive(dsn, admin, doc):
     row, lock = doc
     ev = Events()
-    ttl = 1.2
+    ttl = 1.0
     with Locker(dsn).acquire(lock, ttl=ttl, on_renewed=ev.on_renewed, on_lost=ev.on_lost) as lease:
         started = time.monotonic()
         time.sleep(3 * ttl)
@@ -53,7 +53,7 @@ def test_without_keepalive_the_same_section_loses_the_lease_and_the_write_is_ref
     """The control: the same section with keepalive=False."""
     row, lock = doc
     ev = Events()
-    ttl = 1.2
+    ttl = 1.0
     with Locker(dsn).acquire(lock, ttl=ttl, keepalive=False, on_lost=ev.on_lost) as lease:
         time.sleep(3 * ttl)
         assert lease.lost.is_set() and len(ev.lost) == 1

@@ -31,7 +31,7 @@ def test_a_lease_takes_two_pool_connections_and_gives_both_back(dsn, admin, doc,
             assert admin.execute("SELECT fenced_lock_validate(%s, %s)", (lock, lease.token)).fetchone()[0]
             wait_until(lambda: set(keepalive_pids(admin)) - before, 5, "the keepalive's pooled connection")
             assert idle(pool) == 0
-            time.sleep(2.0)  # past the ttl: the pooled keepalive renews
+            time.sleep(1.8)  # past the ttl: the pooled keepalive renews
             with lease.conn.transaction():
                 lease.conn.execute("UPDATE docs SET fence_token = %s WHERE id = %s", (lease.token, row))
         assert not admin.execute("SELECT fenced_lock_validate(%s, %s)", (lock, lease.token)).fetchone()[0]
@@ -59,8 +59,8 @@ def test_a_pool_too_small_for_the_keepalive_loses_the_lease_at_its_deadline(dsn,
 
 def test_transaction_pooling_keeps_plain_leases_alive(dsn, admin, name):
     with ConnectionPool(dsn, min_size=2, max_size=4, kwargs={"autocommit": True}) as pool:
-        with Locker(pool, transaction_pooling=True).acquire(name, ttl=1.2) as lease:
-            time.sleep(2.5)
+        with Locker(pool, transaction_pooling=True).acquire(name, ttl=1.0) as lease:
+            time.sleep(2.0)
             assert not lease.lost.is_set()
             assert admin.execute("SELECT fenced_lock_validate(%s, %s)", (name, lease.token)).fetchone()[0]
 
@@ -84,7 +84,7 @@ def test_async_pool_lease_takes_two_connections_and_gives_both_back(dsn, admin, 
         try:
             async with AsyncLocker(pool).acquire(lock, ttl=1.5) as lease:
                 assert admin.execute("SELECT fenced_lock_validate(%s, %s)", (lock, lease.token)).fetchone()[0]
-                await asyncio.sleep(2.0)
+                await asyncio.sleep(1.8)  # past the ttl
                 assert not lease.lost.is_set()
                 assert idle(pool) == 0
                 async with lease.conn.transaction():
