@@ -20,7 +20,7 @@ NAN, INF = float("nan"), float("inf")
 LEASE_ARGUMENTS = [
     ("name", ""), ("name", None), ("name", 7), ("name", b"inventory:1"), ("name", "a\x00b"),
     ("ttl", 0), ("ttl", -1), ("ttl", 0.0), ("ttl", NAN), ("ttl", INF), ("ttl", "30"), ("ttl", True),
-    ("ttl", timedelta(0)), ("ttl", timedelta(seconds=-5)), ("ttl", None),
+    ("ttl", timedelta(0)), ("ttl", timedelta(seconds=-5)), ("ttl", None), ("ttl", 1e30),
     ("holder", 7), ("holder", b"worker"), ("holder", "w\x00"),
     ("session_bound", 1), ("session_bound", "yes"), ("session_bound", None),
     ("shared", 1), ("shared", None),
@@ -30,7 +30,7 @@ LEASE_ARGUMENTS = [
     ("on_renewed", 7),
 ]
 WAIT_ARGUMENTS = [("wait", -0.001), ("wait", -1), ("wait", timedelta(seconds=-1)), ("wait", NAN),
-                  ("wait", INF), ("wait", "1"), ("wait", True)]
+                  ("wait", INF), ("wait", "1"), ("wait", True), ("wait", 1e30)]
 
 
 def ids(cases):
@@ -285,3 +285,31 @@ def test_async_usage_errors_send_nothing(dsn):
 
     asyncio.run(go())
     assert opened.count == 0
+
+
+@pytest.mark.parametrize("fn,attempts,argument", [
+    (None, None, "fn"), (7, None, "fn"), (lambda lease: None, 0, "attempts"), (lambda lease: None, "2", "attempts"),
+], ids=["fn=None", "fn=7", "attempts=0", "attempts='2'"])
+def test_async_bad_run_argument_is_refused_before_anything_is_sent(fn, attempts, argument, dsn):
+    opened = Opened(dsn, asynchronous=True)
+
+    async def go():
+        with pytest.raises(InvalidArgument) as e:
+            await AsyncLocker(opened).run("arguments:1", fn, attempts=attempts)
+        check(e.value, argument)
+
+    asyncio.run(go())
+    assert opened.count == 0
+
+
+@pytest.mark.parametrize("ttl", [0, -1, NAN, "10", True])
+def test_async_bad_renew_ttl_is_refused_before_anything_is_sent(ttl, dsn, name):
+    async def go():
+        async with AsyncLocker(dsn).acquire(name, ttl=30, keepalive=False) as lease:
+            with traced(lease.conn) as lines:
+                with pytest.raises(InvalidArgument) as e:
+                    await lease.renew(ttl)
+                check(e.value, "ttl")
+                assert sent(lines) == []
+
+    asyncio.run(go())

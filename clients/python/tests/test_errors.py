@@ -3,6 +3,7 @@ back as its own error type, carrying the server's sqlstate, message, detail
 and hint; every type is a psycopg error (and psycopg's own class for that
 SQLSTATE where psycopg has one), so existing handlers still catch it."""
 
+import asyncio
 import time
 
 import psycopg
@@ -10,8 +11,8 @@ import pytest
 
 import fenced_lock
 from conftest import DB, ROLE_NOEXEC, ROLE_OTHER, with_db
-from fenced_lock import (FencedLockError, InvalidArgument, Locker, MissingToken, ModeConflict, NotAllowed,
-                         ReadOnly, StaleToken, WaitTimeout)
+from fenced_lock import (AsyncLocker, FencedLockError, InvalidArgument, Locker, MissingToken, ModeConflict,
+                         NotAllowed, ReadOnly, StaleToken, WaitTimeout)
 
 
 def carries_the_servers_diagnostics(e, sqlstate):
@@ -102,7 +103,8 @@ def test_42501_for_a_role_without_execute_is_not_allowed(dsn, name):
     carries_the_servers_diagnostics(e.value, "42501")
 
 
-@pytest.mark.parametrize("kw", [{"name": "n" * 600}, {"ttl": 3 * 86400}], ids=["name-over-512-bytes", "ttl-over-max_ttl"])
+@pytest.mark.parametrize("kw", [{"name": "n" * 600}, {"ttl": 3 * 86400}],
+                         ids=["name-over-512-bytes", "ttl-over-max_ttl"])
 def test_22023_judged_by_the_server_is_invalid_argument(dsn, kw):
     args = {"name": "invalid:1", "ttl": 5, **kw}
     with pytest.raises(InvalidArgument) as e:
@@ -135,3 +137,25 @@ def test_every_error_type_is_exported_with_its_sqlstate():
         "StaleToken": "FL001", "MissingToken": "FL002", "ModeConflict": "FL003", "WaitTimeout": "55P03",
         "ReadOnly": "25006", "NotAllowed": "42501", "InvalidArgument": "22023"}
     assert fenced_lock.UsageError.sqlstate is None
+
+
+def test_async_calls_map_sqlstates_to_the_same_types(dsn, admin, name):
+    admin.execute("SELECT fenced_lock_try_acquire(%s, '30 s')", (name,))
+
+    async def go():
+        with pytest.raises(WaitTimeout) as e:
+            await AsyncLocker(dsn).acquire(name, ttl=5, wait=0.2)
+        carries_the_servers_diagnostics(e.value, "55P03")
+        with pytest.raises(NotAllowed):
+            await AsyncLocker(with_db(dsn, DB, user=ROLE_NOEXEC)).try_acquire(name, ttl=5)
+        with pytest.raises(ReadOnly):
+            await AsyncLocker(with_db(dsn, DB, options="-c default_transaction_read_only=on")).try_acquire(name)
+        with pytest.raises(InvalidArgument) as e:
+            await AsyncLocker(dsn).try_acquire("n" * 600)
+        assert e.value.argument is None
+        lease = await AsyncLocker(dsn).acquire(name + ":2", ttl=5, keepalive=False)
+        async with lease:
+            with pytest.raises(StaleToken):
+                await lease.conn.execute("SELECT fenced_lock_assert(%s, %s)", (name, lease.token))
+
+    asyncio.run(go())

@@ -61,7 +61,14 @@ def seconds(value: Any, argument: str, *, allow_zero: bool = False) -> float:
     if s < 0 or (s == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
         raise InvalidArgument(f"{argument} must be {bound}, got {value!r}", argument=argument)
+    if s > _LONGEST:
+        raise InvalidArgument(f"{argument} is too long to send as an interval, got {value!r}", argument=argument)
     return s
+
+
+# The longest duration a timedelta (and so an interval parameter) can carry;
+# what the server accepts is shorter still (fenced_lock.max_ttl), for it to judge.
+_LONGEST = timedelta.max.total_seconds()
 
 
 def text(value: Any, argument: str, *, optional: bool) -> Optional[str]:
