@@ -8,6 +8,11 @@ out=${1:?usage: package.sh OUTDIR}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 PYTHON=${FL_PYTHON:-/usr/bin/python3}
+# --no-isolation builds with what is installed: say what is missing plainly.
+for m in build setuptools wheel; do
+  "$PYTHON" -c "import $m" 2>/dev/null || {
+    echo "package.sh: Python module '$m' is missing (Debian: apt-get install python3-$m)" >&2; exit 1; }
+done
 # Build from a copy, so that the tree is left as it was (no build/ or
 # *.egg-info next to the sources).
 work=$(mktemp -d)

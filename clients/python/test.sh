@@ -10,7 +10,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 : "${FL_DSN:?FL_DSN must be a superuser postgresql:// URL of database postgres}"
 PYTHON=/usr/bin/python3
 
-packages=(python3 python3-psycopg python3-psycopg-pool python3-pytest python3-build python3-setuptools)
+packages=(python3 python3-psycopg python3-psycopg-pool python3-pytest python3-build python3-setuptools python3-wheel)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
