@@ -147,26 +147,35 @@ def expiries(admin, lock):
                          (lock,)).fetchone()[0]
 
 
-def freeze_past_its_ttl(admin, lock, example, ttl):
-    """SIGSTOP `example` until a lease of `lock` has ended by expiry, then
-    SIGCONT. The running processes keep their leases alive, so an expiry
-    means it held the lease while frozen (or was granted it, queued, while
-    frozen); if it was between sales nothing expires: resume it, try again."""
-    for attempt in range(15):
-        before = expiries(admin, lock)
-        example.signal(signal.SIGSTOP)
+def freeze_one_past_its_ttl(admin, lock, item, procs, ttl):
+    """SIGSTOP one of `procs` until a lease of `lock` ends by expiry, then
+    SIGCONT; returns how many freezes it took. The running processes keep
+    their leases alive, so an expiry means the frozen one held the lease, or
+    was granted it while frozen: the line is FIFO, so a process frozen while
+    queued is granted after at most the three others' sales. If the others
+    sell a fourth unit meanwhile, it was between sales: resume it and freeze
+    one again at once."""
+    def stock():
+        return admin.execute("SELECT stock FROM inventory WHERE item_id = %s", (item,)).fetchone()[0]
+
+    for attempt in range(60):
+        running = [p for p in procs if p.proc.poll() is None and len(p.events("sold")) < 24]
+        if len(running) < 2:
+            break
+        target = running[attempt % len(running)]
+        before, stock_before = expiries(admin, lock), stock()
+        target.signal(signal.SIGSTOP)
         try:
             deadline = time.monotonic() + ttl + 3
-            while time.monotonic() < deadline and expiries(admin, lock) == before:
-                time.sleep(0.05)
-            if expiries(admin, lock) > before:
-                return attempt + 1
+            while time.monotonic() < deadline:
+                if expiries(admin, lock) > before:
+                    return attempt + 1
+                if stock_before - stock() >= 4:
+                    break  # missed: it was neither holding nor in line
+                time.sleep(0.02)
         finally:
-            example.signal(signal.SIGCONT)
-        if example.proc.poll() is not None:
-            break
-        time.sleep(0.1 * (attempt + 1))
-    raise AssertionError(f"{example.lang}: the frozen inventory process never held the lease past its ttl")
+            target.signal(signal.SIGCONT)
+    raise AssertionError(f"{procs[0].lang}: no inventory process was ever frozen holding the lease past its ttl")
 
 
 @pytest.mark.budget(240)
@@ -177,10 +186,8 @@ def test_inventory_four_processes_sell_100_exactly_once_while_one_is_frozen_past
     started = time.monotonic()
     procs = [run_example(lang, "inventory", "--dsn", dsn, "--item", item, "--sales", 25, "--ttl", ttl)
              for _ in range(4)]
-    frozen = procs[0]
-    wait_until(lambda: len(frozen.events("sold")) >= 2 or frozen.proc.poll() is not None, 90,
-               "two sales by the process to freeze")
-    tries = freeze_past_its_ttl(admin, lock, frozen, ttl)
+    wait_until(lambda: sum(len(p.events("sold")) for p in procs) >= 4, 90, "the first sales")
+    tries = freeze_one_past_its_ttl(admin, lock, item, procs, ttl)
     for p in procs:
         assert p.wait(120) == 0, p.stderr
     for p in procs:

@@ -147,27 +147,35 @@ def expiries(admin, lock):
                          (lock,)).fetchone()[0]
 
 
-def freeze_past_its_ttl(admin, lock, proc, ttl):
-    """SIGSTOP `proc` until a lease of `lock` has ended by expiry, then
-    SIGCONT. The running processes keep their leases alive, so an expiry
-    means `proc` held the lease while frozen (or was granted it, waiting in
-    line, while frozen). If it was between sales, the others go on without
-    it and nothing expires: resume it and try again."""
-    for attempt in range(15):
-        before = expiries(admin, lock)
-        proc.signal(signal.SIGSTOP)
-        try:
-            deadline = time.monotonic() + ttl + 2
-            while time.monotonic() < deadline and expiries(admin, lock) == before:
-                time.sleep(0.05)
-            if expiries(admin, lock) > before:
-                return attempt + 1
-        finally:
-            proc.signal(signal.SIGCONT)
-        if proc.proc.poll() is not None:
+def freeze_one_past_its_ttl(admin, lock, item, procs, ttl):
+    """SIGSTOP one of `procs` until a lease of `lock` ends by expiry, then
+    SIGCONT; returns how many freezes it took. The running processes keep
+    their leases alive, so an expiry means the frozen one held the lease, or
+    was granted it while frozen: the line is FIFO, so a process frozen while
+    queued is granted after at most the three others' sales. If the others
+    sell a fourth unit meanwhile, it was between sales: resume it and freeze
+    one again at once."""
+    def stock():
+        return admin.execute("SELECT stock FROM inventory WHERE item_id = %s", (item,)).fetchone()[0]
+
+    for attempt in range(60):
+        running = [p for p in procs if p.proc.poll() is None and len(p.events("sold")) < 24]
+        if len(running) < 2:
             break
-        time.sleep(0.1 * (attempt + 1))
-    raise AssertionError("the frozen process never held the lease past its ttl")
+        target = running[attempt % len(running)]
+        before, stock_before = expiries(admin, lock), stock()
+        target.signal(signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + ttl + 3
+            while time.monotonic() < deadline:
+                if expiries(admin, lock) > before:
+                    return attempt + 1
+                if stock_before - stock() >= 4:
+                    break  # missed: it was neither holding nor in line
+                time.sleep(0.02)
+        finally:
+            target.signal(signal.SIGCONT)
+    raise AssertionError("no inventory process was ever frozen holding the lease past its ttl")
 
 
 @pytest.mark.parametrize("mode", ["sync", "asyncio"])
@@ -180,10 +188,8 @@ def test_four_processes_sell_a_stock_of_100_exactly_once_while_one_is_frozen_pas
     started = time.monotonic()
     procs = [examples("inventory", "--dsn", dsn, "--item", item, "--sales", 25, "--ttl", ttl, env=env)
              for _ in range(4)]
-    frozen = procs[0]
-    wait_until(lambda: len(frozen.events("sold")) >= 2 or frozen.proc.poll() is not None, 60,
-               "the first process's second sale")
-    tries = freeze_past_its_ttl(admin, lock, frozen, ttl)
+    wait_until(lambda: sum(len(p.events("sold")) for p in procs) >= 4, 60, "the first sales")
+    tries = freeze_one_past_its_ttl(admin, lock, item, procs, ttl)
     for p in procs:
         assert p.wait(90) == 0, p.stderr
     took = time.monotonic() - started
