@@ -10,7 +10,7 @@ mod support;
 
 use std::process::ExitCode;
 
-use fenced_lock::{Error, Lease, Locker};
+use fenced_lock::{Error, Lease, Locker, Pool};
 use support::{emit, emit_error, js, CommandLine};
 
 const USAGE_TEXT: &str = "usage: inventory --dsn DSN --item ID --sales N --ttl SECONDS";
@@ -70,7 +70,9 @@ async fn sell_one(lease: &Lease, item: i32) -> Result<Option<i32>, Error> {
 }
 
 async fn sell(a: Args) -> Result<(), Error> {
-    let locker = Locker::new(&a.dsn)?;
+    // The lease's connection is reused from sale to sale; the keepalive's
+    // is the pool's second slot (opened per lease, closed at its release).
+    let locker = Locker::from_pool(Pool::new(&a.dsn)?).build()?;
     let ttl = fenced_lock::args::seconds("ttl", a.ttl.max(0.0))?;
     let name = format!("inventory:{}", a.item);
     // A holder naming this process: an operator (or a test) can tell from

@@ -402,3 +402,31 @@ impl Drop for Transaction<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A connector with the bounds TLS crates put on the stream (those of
+    /// postgres-native-tls' `MakeTlsConnector`): `connect_tls` must accept
+    /// it. (Compiled, not run: no TLS server here.)
+    #[derive(Clone)]
+    struct GenericConnector;
+
+    impl<S> MakeTlsConnect<S> for GenericConnector
+    where
+        S: AsyncRead + AsyncWrite + Unpin + fmt::Debug + Send + Sync + 'static,
+    {
+        type Stream = tokio_postgres::tls::NoTlsStream;
+        type TlsConnect = NoTls;
+        type Error = std::io::Error;
+        fn make_tls_connect(&mut self, _domain: &str) -> Result<NoTls, std::io::Error> {
+            Ok(NoTls)
+        }
+    }
+
+    #[allow(dead_code)]
+    async fn connect_tls_accepts_a_connector_generic_over_the_stream(config: Config) {
+        let _ = Connection::connect_tls(&config, GenericConnector).await;
+    }
+}

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicI32, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{watch, Notify};
+use tokio::sync::{watch, Notify, OwnedSemaphorePermit};
 use tokio::task::JoinHandle;
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
@@ -168,6 +168,7 @@ pub(crate) fn start(
     token: i64,
     base: Instant,
     live: bool,
+    reserved: Option<OwnedSemaphorePermit>,
 ) -> Lease {
     let interval = locker.inner.keepalive_interval.unwrap_or(r.ttl / 3);
     let (status, _) = watch::channel(LeaseStatus {
@@ -194,7 +195,7 @@ pub(crate) fn start(
     if !live {
         core.signal_lost();
     }
-    let task = locker.inner.spawn(keepalive(core.clone(), locker.inner.clone()));
+    let task = locker.inner.spawn(keepalive(core.clone(), locker.inner.clone(), reserved));
     Lease {
         core,
         conn,
@@ -417,7 +418,12 @@ async fn send_release(core: &LeaseCore, conn: &Connection, locker: &LockerInner)
             }
             TransactionStatus::Idle | TransactionStatus::InTransaction => {}
         }
-        Some(conn.query_typed_one(&sql, &params).await.map(|row| row.get::<_, bool>(0)).map_err(Error::from))
+        Some(
+            conn.query_typed_one(&sql, &params)
+                .await
+                .and_then(|row| row.try_get::<_, bool>(0))
+                .map_err(Error::from),
+        )
     };
     match on_lease_conn.await {
         Some(Err(e)) if e.is_connection() => {}
@@ -425,7 +431,11 @@ async fn send_release(core: &LeaseCore, conn: &Connection, locker: &LockerInner)
         None => {}
     }
     let fresh = locker.open(Purpose::Release).await?;
-    let r = fresh.query_typed_one(&sql, &params).await.map(|row| row.get::<_, bool>(0)).map_err(Error::from);
+    let r = fresh
+        .query_typed_one(&sql, &params)
+        .await
+        .and_then(|row| row.try_get::<_, bool>(0))
+        .map_err(Error::from);
     fresh.close().await;
     r
 }
@@ -438,22 +448,26 @@ async fn renew_on(core: &LeaseCore, prefix: &str, conn: &Connection) -> Result<O
     let row = conn
         .query_typed_one(&sql, &[(&core.name, Type::TEXT), (&core.token, Type::INT8), (&ttl, Type::INT8)])
         .await?;
-    Ok(if row.get::<_, bool>(0) { Some(sent) } else { None })
+    Ok(if row.try_get::<_, bool>(0)? { Some(sent) } else { None })
 }
 
-async fn open_keepalive(core: &LeaseCore, locker: &LockerInner) -> Result<Connection, Error> {
-    let c = locker.open(Purpose::Keepalive).await?;
+async fn open_keepalive(
+    core: &LeaseCore,
+    locker: &LockerInner,
+    reserved: Option<OwnedSemaphorePermit>,
+) -> Result<Connection, Error> {
+    let c = locker.open_keepalive(reserved).await?;
     core.keepalive_pid.store(c.backend_pid().unwrap_or(0), Ordering::Release);
     Ok(c)
 }
 
 /// The keepalive of one lease, on the locker's keepalive thread. With
 /// keepalive off it only watches the deadline.
-async fn keepalive(core: Arc<LeaseCore>, locker: Arc<LockerInner>) {
+async fn keepalive(core: Arc<LeaseCore>, locker: Arc<LockerInner>, reserved: Option<OwnedSemaphorePermit>) {
     let mut conn: Option<Connection> = None;
     if core.keepalive && core.state() == LIVE {
         // Opened when the lease is granted; a failure here is retried below.
-        match open_keepalive(&core, &locker).await {
+        match open_keepalive(&core, &locker, reserved).await {
             Ok(c) => conn = Some(c),
             Err(e) => core.publish(|s| s.keepalive_error = Some(e.to_string())),
         }
@@ -486,7 +500,7 @@ async fn keepalive(core: Arc<LeaseCore>, locker: Arc<LockerInner>) {
         let attempt = async {
             if conn.as_ref().is_none_or(Connection::is_closed) {
                 conn = None;
-                conn = Some(open_keepalive(&core, &locker).await?);
+                conn = Some(open_keepalive(&core, &locker, None).await?);
             }
             renew_on(&core, &locker.prefix, conn.as_ref().unwrap()).await
         };

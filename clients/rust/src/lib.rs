@@ -49,3 +49,8 @@ pub use tap::{Tap, TransactionStatus};
 pub use tokio_postgres;
 /// The lost signal's type, re-exported.
 pub use tokio_util::sync::CancellationToken;
+
+// The README's example is compiled with the doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+mod readme {}

@@ -8,6 +8,7 @@ use std::str::FromStr;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use tokio::sync::OwnedSemaphorePermit;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Config;
 
@@ -48,18 +49,13 @@ enum Source {
     Factory(Arc<FactoryFn>),
 }
 
-/// The thread the keepalives of a locker run on, with a small runtime of
-/// its own: a busy or blocked application runtime cannot delay a renew,
-/// and a release handed over by a dropped lease still runs when the
-/// application's runtime is shutting down.
-struct Background {
-    handle: tokio::runtime::Handle,
-    _stop: tokio::sync::oneshot::Sender<()>,
-}
-
-impl Background {
-    fn start() -> Background {
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+/// The thread the keepalives run on, with a small runtime of its own (one
+/// per process, started with the first lease): a busy or blocked
+/// application runtime cannot delay a renew, and a release handed over by
+/// a dropped lease still runs while the application's runtime shuts down.
+fn background() -> &'static tokio::runtime::Handle {
+    static HANDLE: OnceLock<tokio::runtime::Handle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
         let (handle_tx, handle_rx) = std::sync::mpsc::channel();
         std::thread::Builder::new()
             .name("fenced_lock-keepalive".into())
@@ -69,14 +65,11 @@ impl Background {
                     .build()
                     .expect("fenced_lock: cannot build the keepalive runtime");
                 let _ = handle_tx.send(rt.handle().clone());
-                // Runs until the locker is gone (every task holds it).
-                rt.block_on(async {
-                    let _ = stop_rx.await;
-                });
+                rt.block_on(std::future::pending::<()>());
             })
             .expect("fenced_lock: cannot start the keepalive thread");
-        Background { handle: handle_rx.recv().expect("keepalive runtime handle"), _stop: stop_tx }
-    }
+        handle_rx.recv().expect("fenced_lock: the keepalive runtime did not start")
+    })
 }
 
 pub(crate) struct LockerInner {
@@ -86,12 +79,32 @@ pub(crate) struct LockerInner {
     pub(crate) transaction_pooling: bool,
     /// `"schema".` or empty: where the extension's functions are.
     pub(crate) prefix: String,
-    background: OnceLock<Background>,
 }
 
 impl LockerInner {
     pub(crate) fn spawn<F: Future<Output = ()> + Send + 'static>(&self, f: F) -> tokio::task::JoinHandle<()> {
-        self.background.get_or_init(Background::start).handle.spawn(f)
+        background().spawn(f)
+    }
+
+    /// With a pool, the slot of a lease's keepalive connection, taken
+    /// before the acquire so that a pool too small for it fails the acquire
+    /// (before anything is sent) rather than the keepalive later.
+    pub(crate) async fn reserve_keepalive(&self) -> Result<Option<OwnedSemaphorePermit>, Error> {
+        match &self.source {
+            Source::Pool(p) => Ok(Some(p.slot().await?)),
+            _ => Ok(None),
+        }
+    }
+
+    /// A keepalive connection, in its reserved pool slot if it has one.
+    pub(crate) async fn open_keepalive(
+        &self,
+        reserved: Option<OwnedSemaphorePermit>,
+    ) -> Result<Connection, Error> {
+        match &self.source {
+            Source::Pool(p) => p.dedicated(KEEPALIVE_APPLICATION_NAME, reserved).await,
+            _ => self.open(Purpose::Keepalive).await,
+        }
     }
 
     /// A connection for `purpose`, from where this locker gets them.
@@ -103,7 +116,7 @@ impl LockerInner {
                 Connection::connect(&c).await
             }
             (Source::Config(c), _) => Connection::connect(c).await,
-            (Source::Pool(p), Purpose::Keepalive) => p.dedicated(KEEPALIVE_APPLICATION_NAME).await,
+            (Source::Pool(p), Purpose::Keepalive) => p.dedicated(KEEPALIVE_APPLICATION_NAME, None).await,
             (Source::Pool(p), _) => p.get().await,
             (Source::Factory(f), purpose) => {
                 let conn = f(purpose).await?;
@@ -227,7 +240,6 @@ impl LockerBuilder {
                 attempts: self.attempts,
                 transaction_pooling: self.transaction_pooling,
                 prefix,
-                background: OnceLock::new(),
             }),
         })
     }
@@ -564,9 +576,9 @@ fn micros(d: Duration) -> i64 {
 /// Acquires as `r` says: `Ok(None)` only for a try that was not granted.
 pub(crate) async fn acquire(locker: &Locker, r: Request, waiting: bool) -> Result<Option<Lease>, Error> {
     validate(&locker.inner, &r, waiting)?;
-    let conn = match &r.conn {
+    let given = match &r.conn {
         Some(c) => match c.transaction_status().await {
-            TransactionStatus::Idle => c.clone(),
+            TransactionStatus::Idle => Some(c.clone()),
             TransactionStatus::InTransaction | TransactionStatus::Failed => return Err(Error::usage(
                 "acquire must run outside a transaction block: the grant has to be committed before a renew \
                      from another connection can see it; commit or roll back first, or acquire on another \
@@ -576,6 +588,11 @@ pub(crate) async fn acquire(locker: &Locker, r: Request, waiting: bool) -> Resul
                 return Err(Error::connection("the connection given to acquire is closed"))
             }
         },
+        None => None,
+    };
+    let reserved = if r.keepalive { locker.inner.reserve_keepalive().await? } else { None };
+    let conn = match given {
+        Some(c) => c,
         None => locker.inner.open(Purpose::Lease).await?,
     };
     let p = &locker.inner.prefix;
@@ -619,10 +636,10 @@ pub(crate) async fn acquire(locker: &Locker, r: Request, waiting: bool) -> Resul
     };
     let sent = Instant::now();
     let row = conn.query_typed_one(&sql, &params).await?;
-    let token: Option<i64> = row.get(0);
+    let token: Option<i64> = row.try_get(0)?;
     let Some(token) = token else { return Ok(None) };
-    let waited: i64 = row.get(1);
-    let live: bool = row.get(2);
+    let waited: i64 = row.try_get(1)?;
+    let live: bool = row.try_get(2)?;
     let base = sent + Duration::from_micros(waited.max(0) as u64);
-    Ok(Some(lease::start(locker.clone(), r, conn, token, base, live)))
+    Ok(Some(lease::start(locker.clone(), r, conn, token, base, live, reserved)))
 }

@@ -130,7 +130,7 @@ impl Pool {
         self.inner.max_size - self.inner.slots.available_permits() + self.inner.idle.lock().unwrap().len()
     }
 
-    async fn slot(&self) -> Result<OwnedSemaphorePermit, Error> {
+    pub(crate) async fn slot(&self) -> Result<OwnedSemaphorePermit, Error> {
         match tokio::time::timeout(self.inner.wait, self.inner.slots.clone().acquire_owned()).await {
             Ok(Ok(p)) => Ok(p),
             _ => Err(Error::usage(format!(
@@ -161,8 +161,15 @@ impl Pool {
 
     /// A new connection of its own in a slot of the pool, with another
     /// `application_name`, closed (not kept) when its last clone is dropped.
-    pub(crate) async fn dedicated(&self, application_name: &str) -> Result<Connection, Error> {
-        let slot = self.slot().await?;
+    pub(crate) async fn dedicated(
+        &self,
+        application_name: &str,
+        reserved: Option<OwnedSemaphorePermit>,
+    ) -> Result<Connection, Error> {
+        let slot = match reserved {
+            Some(s) => s,
+            None => self.slot().await?,
+        };
         let mut config = self.inner.config.clone();
         config.application_name(application_name);
         let conn = Connection::connect(&config).await?;

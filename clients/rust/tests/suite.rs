@@ -414,7 +414,7 @@ async fn leaving_the_scope_by_a_panic_releases_the_lease(ctx: Arc<Ctx>) {
     let task = tokio::spawn(async move {
         let lease = locker.acquire(&n).ttl(secs(30)).await.unwrap();
         tx.send(lease.token()).unwrap();
-        panic!("the work failed");
+        std::panic::panic_any(Intended("the work failed"));
     });
     let token = rx.await.unwrap();
     assert!(task.await.unwrap_err().is_panic());
