@@ -87,8 +87,7 @@ fn main() -> ExitCode {
 
 async fn hold(a: Args) -> Result<u8, Error> {
     let locker = Locker::new(&a.dsn)?;
-    // A negative ttl is refused like a zero one: not positive.
-    let ttl = fenced_lock::args::seconds("ttl", a.ttl.max(0.0))?;
+    let ttl = fenced_lock::args::seconds("ttl", a.ttl)?;
     let hold = fenced_lock::args::seconds("hold", a.hold)?;
     let mut acquire = locker
         .acquire(a.name.as_str())

@@ -73,7 +73,7 @@ async fn sell(a: Args) -> Result<(), Error> {
     // The lease's connection is reused from sale to sale; the keepalive's
     // is the pool's second slot (opened per lease, closed at its release).
     let locker = Locker::from_pool(Pool::new(&a.dsn)?).build()?;
-    let ttl = fenced_lock::args::seconds("ttl", a.ttl.max(0.0))?;
+    let ttl = fenced_lock::args::seconds("ttl", a.ttl)?;
     let name = format!("inventory:{}", a.item);
     // A holder naming this process: an operator (or a test) can tell from
     // fenced_lock_leases which process holds the lock.

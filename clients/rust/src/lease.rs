@@ -456,23 +456,30 @@ async fn open_keepalive(
     locker: &LockerInner,
     reserved: Option<OwnedSemaphorePermit>,
 ) -> Result<Connection, Error> {
-    let c = locker.open_keepalive(reserved).await?;
+    let c = locker.open_keepalive(reserved, core.interval).await?;
     core.keepalive_pid.store(c.backend_pid().unwrap_or(0), Ordering::Release);
     Ok(c)
 }
 
 /// The keepalive of one lease, on the locker's keepalive thread. With
 /// keepalive off it only watches the deadline.
-async fn keepalive(core: Arc<LeaseCore>, locker: Arc<LockerInner>, reserved: Option<OwnedSemaphorePermit>) {
+async fn keepalive(
+    core: Arc<LeaseCore>,
+    locker: Arc<LockerInner>,
+    mut reserved: Option<OwnedSemaphorePermit>,
+) {
     let mut conn: Option<Connection> = None;
+    let mut next = *core.base.lock().unwrap() + core.interval;
     if core.keepalive && core.state() == LIVE {
-        // Opened when the lease is granted; a failure here is retried below.
-        match open_keepalive(&core, &locker, reserved).await {
-            Ok(c) => conn = Some(c),
-            Err(e) => core.publish(|s| s.keepalive_error = Some(e.to_string())),
+        // Opened when the lease is granted; a failure here is retried at the
+        // first renew.
+        match connect_unless_stopped(&core, &locker, reserved.take()).await {
+            None => return finish_keepalive(&core, conn).await,
+            Some(Ok(c)) => conn = Some(c),
+            Some(Err(e)) => core.publish(|s| s.keepalive_error = Some(e.to_string())),
         }
     }
-    let mut next = *core.base.lock().unwrap() + core.interval;
+    drop(reserved);
     while core.state() == LIVE || core.state() == RELEASING {
         let moved = core.deadline_moved.notified();
         let wake = if core.keepalive { next.min(core.deadline()) } else { core.deadline() };
@@ -485,26 +492,39 @@ async fn keepalive(core: Arc<LeaseCore>, locker: Arc<LockerInner>, reserved: Opt
         // After a pause (GC, SIGSTOP, a stopped VM) the clock is checked
         // before anything is sent: past the deadline the lease may already
         // be someone else's.
-        let now = Instant::now();
-        if now >= core.deadline() {
+        if Instant::now() >= core.deadline() {
             core.signal_lost();
             break;
         }
-        if !core.keepalive || now < next {
+        if !core.keepalive || Instant::now() < next {
             continue;
         }
+        if conn.as_ref().is_none_or(Connection::is_closed) {
+            conn = None;
+            match connect_unless_stopped(&core, &locker, None).await {
+                None => break,
+                Some(Ok(c)) => conn = Some(c),
+                Some(Err(e)) => {
+                    core.publish(|s| s.keepalive_error = Some(e.to_string()));
+                    next = Instant::now() + core.interval.min(RETRY_CAP);
+                    continue;
+                }
+            }
+            if Instant::now() >= core.deadline() {
+                core.signal_lost();
+                break;
+            }
+        }
         let one = core.renew_lock.lock().await;
+        // A release that began meanwhile: no renew may follow it.
         if core.stop.is_cancelled() {
             break;
         }
-        let attempt = async {
-            if conn.as_ref().is_none_or(Connection::is_closed) {
-                conn = None;
-                conn = Some(open_keepalive(&core, &locker, None).await?);
-            }
-            renew_on(&core, &locker.prefix, conn.as_ref().unwrap()).await
-        };
-        let result = tokio::time::timeout_at(core.deadline().into(), attempt).await;
+        // Not interrupted by a release (which waits for it), only by the
+        // deadline.
+        let renew = renew_on(&core, &locker.prefix, conn.as_ref().expect("connected"));
+        let result = tokio::time::timeout_at(core.deadline().into(), renew).await;
+        drop(one);
         match result {
             // The deadline passed with the renew unanswered.
             Err(_) => {
@@ -527,16 +547,35 @@ async fn keepalive(core: Arc<LeaseCore>, locker: Arc<LockerInner>, reserved: Opt
             // Retried on a new connection until it succeeds or the deadline
             // passes: renewals never stop because of one connection error.
             Ok(Err(e)) => {
-                if let Some(c) = conn.take() {
-                    drop(c);
-                }
+                conn = None;
                 core.publish(|s| s.keepalive_error = Some(e.to_string()));
                 next = Instant::now() + core.interval.min(RETRY_CAP);
             }
         }
-        drop(one);
     }
-    if let Some(c) = conn.take() {
+    finish_keepalive(&core, conn).await
+}
+
+/// A keepalive connection, unless a release (or abandon) stops the
+/// keepalive first: nothing has been sent for the lease on it yet, so the
+/// attempt can be dropped at once. Bounded by the deadline.
+async fn connect_unless_stopped(
+    core: &LeaseCore,
+    locker: &LockerInner,
+    reserved: Option<OwnedSemaphorePermit>,
+) -> Option<Result<Connection, Error>> {
+    let open = tokio::time::timeout_at(core.deadline().into(), open_keepalive(core, locker, reserved));
+    tokio::select! {
+        biased;
+        _ = core.stop.cancelled() => None,
+        r = open => Some(r.unwrap_or_else(|_| Err(Error::connection("keepalive: no connection before the deadline")))),
+    }
+}
+
+/// The keepalive's connection is closed (the server's session gone) before
+/// the keepalive ends, so before a release returns.
+async fn finish_keepalive(core: &LeaseCore, conn: Option<Connection>) {
+    if let Some(c) = conn {
         c.close().await;
     }
     core.keepalive_pid.store(0, Ordering::Release);

@@ -100,34 +100,41 @@ impl LockerInner {
     pub(crate) async fn open_keepalive(
         &self,
         reserved: Option<OwnedSemaphorePermit>,
+        interval: Duration,
     ) -> Result<Connection, Error> {
         match &self.source {
-            Source::Pool(p) => p.dedicated(KEEPALIVE_APPLICATION_NAME, reserved).await,
-            _ => self.open(Purpose::Keepalive).await,
+            Source::Config(c) => Connection::connect(&keepalive_config(c, interval)).await,
+            Source::Pool(p) => p.dedicated(|c| *c = keepalive_config(c, interval), reserved).await,
+            Source::Factory(f) => {
+                let conn = f(Purpose::Keepalive).await?;
+                conn.batch_execute(&format!("SET application_name = '{KEEPALIVE_APPLICATION_NAME}'")).await?;
+                Ok(conn)
+            }
         }
     }
 
     /// A connection for `purpose`, from where this locker gets them.
     pub(crate) async fn open(&self, purpose: Purpose) -> Result<Connection, Error> {
-        match (&self.source, purpose) {
-            (Source::Config(c), Purpose::Keepalive) => {
-                let mut c = (**c).clone();
-                c.application_name(KEEPALIVE_APPLICATION_NAME);
-                Connection::connect(&c).await
-            }
-            (Source::Config(c), _) => Connection::connect(c).await,
-            (Source::Pool(p), Purpose::Keepalive) => p.dedicated(KEEPALIVE_APPLICATION_NAME, None).await,
-            (Source::Pool(p), _) => p.get().await,
-            (Source::Factory(f), purpose) => {
-                let conn = f(purpose).await?;
-                if purpose == Purpose::Keepalive {
-                    conn.batch_execute(&format!("SET application_name = '{KEEPALIVE_APPLICATION_NAME}'"))
-                        .await?;
-                }
-                Ok(conn)
-            }
+        match &self.source {
+            Source::Config(c) => Connection::connect(c).await,
+            Source::Pool(p) => p.get().await,
+            Source::Factory(f) => f(purpose).await,
         }
     }
+}
+
+/// A keepalive's connection settings: its `application_name`, and a TCP
+/// user timeout of one renew interval (at least a second), so that a renew
+/// sent into a network cut fails with a connection error after that long,
+/// instead of waiting on a dead connection until the deadline, and is
+/// retried on a new connection. A server that is only slow (a renew waiting
+/// for the lock's name) still acknowledges the bytes, and is waited for.
+fn keepalive_config(base: &Config, interval: Duration) -> Config {
+    let mut c = base.clone();
+    c.application_name(KEEPALIVE_APPLICATION_NAME);
+    let timeout = interval.max(Duration::from_secs(1));
+    c.tcp_user_timeout(base.get_tcp_user_timeout().map_or(timeout, |t| (*t).min(timeout)));
+    c
 }
 
 /// Takes leases. Built from a connection string, a [`Config`], a [`Pool`]

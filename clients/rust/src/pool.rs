@@ -159,11 +159,11 @@ impl Pool {
         Ok(adopt(conn, PoolHome { pool: Arc::downgrade(&self.inner), _slot: slot }))
     }
 
-    /// A new connection of its own in a slot of the pool, with another
-    /// `application_name`, closed (not kept) when its last clone is dropped.
+    /// A new connection of its own in a slot of the pool, with settings of
+    /// its own, closed (not kept) when its last clone is dropped.
     pub(crate) async fn dedicated(
         &self,
-        application_name: &str,
+        configure: impl FnOnce(&mut Config),
         reserved: Option<OwnedSemaphorePermit>,
     ) -> Result<Connection, Error> {
         let slot = match reserved {
@@ -171,7 +171,7 @@ impl Pool {
             None => self.slot().await?,
         };
         let mut config = self.inner.config.clone();
-        config.application_name(application_name);
+        configure(&mut config);
         let conn = Connection::connect(&config).await?;
         // A home whose pool is gone: the connection is closed, the slot freed.
         Ok(adopt(conn, PoolHome { pool: Weak::new(), _slot: slot }))

@@ -210,6 +210,40 @@ async fn keepalive_reconnects_after_its_connection_is_terminated_and_the_lease_s
     assert!(lease.release().await.unwrap());
 }
 
+async fn a_network_cut_of_the_keepalives_connection_is_survived_on_a_new_connection(ctx: Arc<Ctx>) {
+    let admin = ctx.admin().await;
+    let name = unique("netcut");
+    let locker = Locker::builder(&ctx.dsn).keepalive_interval(secs(1)).build().unwrap();
+    let lease = locker.acquire(&name).ttl(secs(10)).await.unwrap();
+    eventually("a first renew", secs(5), || async { lease.status().renewals >= 1 }).await;
+    let kpid = lease.keepalive_backend_pid().unwrap();
+    let port: Option<i32> = admin
+        .query_one("SELECT client_port FROM pg_stat_activity WHERE pid = $1", &[&kpid])
+        .await
+        .unwrap()
+        .get(0);
+    let port = match port {
+        Some(p) if p > 0 => p as u16,
+        _ => skip("the keepalive's connection is not over TCP (FL_DSN names a Unix-domain socket)"),
+    };
+    let cut = NetCut::port(port).unwrap_or_else(|e| skip(e));
+    let before = lease.status().renewals;
+    let t0 = Instant::now();
+    eventually("renews again on a new connection", secs(8), || async {
+        lease.status().renewals > before && lease.keepalive_backend_pid().is_some_and(|p| p != kpid)
+    })
+    .await;
+    println!(
+        "    cut at the network: renewing on a new connection after {:.1} s (interval 1 s, ttl 10 s); last error: {:?}",
+        t0.elapsed().as_secs_f64(),
+        lease.status().keepalive_error
+    );
+    assert!(!lease.is_lost());
+    assert!(live(&admin, &name, lease.token()).await);
+    drop(cut);
+    assert!(lease.release().await.unwrap());
+}
+
 async fn a_session_bound_lease_whose_connection_is_terminated_ends_and_is_signalled_lost_at_the_next_renew(
     ctx: Arc<Ctx>,
 ) {
@@ -1029,6 +1063,7 @@ fn main() -> ExitCode {
         keepalive_renews_while_the_applications_runtime_is_blocked: 30,
         keepalive_reconnects_after_its_connection_is_terminated_and_the_lease_stays_live: 30,
         a_session_bound_lease_whose_connection_is_terminated_ends_and_is_signalled_lost_at_the_next_renew: 30,
+        a_network_cut_of_the_keepalives_connection_is_survived_on_a_new_connection: 30,
         release_stops_the_keepalive_and_its_connection_is_gone_from_the_server_when_release_returns: 60,
         release_waits_for_a_renew_in_flight_and_is_sent_only_after_it: 30,
         releasing_twice_sends_one_release_and_the_second_returns_false_without_a_round_trip: 20,
