@@ -343,13 +343,20 @@ impl Lease {
     /// failed; on a new connection if it is gone). Returns the server's
     /// answer: `false` if the lease was no longer live. A lost lease is not
     /// released (`false`, nothing sent); a second call returns `false`
-    /// without a round trip.
+    /// without a round trip. Dropping this future before it is done does
+    /// not stop the release: it runs on the keepalive thread.
     pub async fn release(&self) -> Result<bool, Error> {
         if self.core.state.compare_exchange(LIVE, RELEASING, Ordering::AcqRel, Ordering::Acquire).is_err() {
             return Ok(false);
         }
         let task = self.task.lock().unwrap().take();
-        release_now(self.core.clone(), self.conn.clone(), self.locker.inner.clone(), task).await
+        // On the keepalive thread, so that dropping this future (a timeout,
+        // a select) does not leave the release half done.
+        let release = release_now(self.core.clone(), self.conn.clone(), self.locker.inner.clone(), task);
+        match self.locker.inner.spawn(release).await {
+            Ok(r) => r,
+            Err(e) => Err(Error::other(format!("the release task failed: {e}"))),
+        }
     }
 
     /// Drops the lease without a release (it ends at its ttl), after

@@ -82,7 +82,11 @@ pub(crate) struct LockerInner {
 }
 
 impl LockerInner {
-    pub(crate) fn spawn<F: Future<Output = ()> + Send + 'static>(&self, f: F) -> tokio::task::JoinHandle<()> {
+    pub(crate) fn spawn<T, F>(&self, f: F) -> tokio::task::JoinHandle<T>
+    where
+        T: Send + 'static,
+        F: Future<Output = T> + Send + 'static,
+    {
         background().spawn(f)
     }
 

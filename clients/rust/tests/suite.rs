@@ -408,6 +408,23 @@ async fn a_release_whose_connection_is_gone_is_sent_on_a_new_connection(ctx: Arc
     assert_eq!(ended_by(&admin, lease.token()).await.as_deref(), Some("release"));
 }
 
+async fn a_release_whose_future_is_dropped_still_completes(ctx: Arc<Ctx>) {
+    let admin = ctx.admin().await;
+    let name = unique("dropped-release");
+    let lease = ctx.locker().acquire(&name).ttl(secs(30)).await.unwrap();
+    // Polled once, then dropped: the release has been handed over.
+    let polled_once = tokio::select! {
+        biased;
+        _ = lease.release() => false,
+        _ = std::future::ready(()) => true,
+    };
+    assert!(polled_once, "a release done at its first poll");
+    eventually("released anyway", secs(5), || async { !live(&admin, &name, lease.token()).await }).await;
+    assert_eq!(ended_by(&admin, lease.token()).await.as_deref(), Some("release"));
+    assert_eq!(lease.status().state, LeaseState::Released);
+    assert!(!lease.release().await.unwrap());
+}
+
 async fn a_lost_lease_is_never_released(ctx: Arc<Ctx>) {
     let admin = ctx.admin().await;
     let name = unique("lostnorelease");
@@ -417,16 +434,17 @@ async fn a_lost_lease_is_never_released(ctx: Arc<Ctx>) {
     let before = last_statement(&admin, pid).await;
     assert!(!lease.release().await.unwrap());
     assert_eq!(last_statement(&admin, pid).await, before, "a release was sent for a lost lease");
-    // The expired record is still there: no release deleted it.
+    // Its record is still there (expired, or about to: the client's deadline
+    // comes first): no release deleted it.
     let records: i64 = admin
         .query_one(
-            "SELECT count(*) FROM fenced_lock_leases WHERE name = $1 AND token = $2 AND NOT live",
+            "SELECT count(*) FROM fenced_lock_leases WHERE name = $1 AND token = $2",
             &[&name, &lease.token()],
         )
         .await
         .unwrap()
         .get(0);
-    assert_eq!(records, 1);
+    assert_eq!(records, 1, "the lease's record was deleted");
 }
 
 async fn dropping_a_live_lease_releases_it_in_the_background(ctx: Arc<Ctx>) {
@@ -1071,6 +1089,7 @@ fn main() -> ExitCode {
         a_release_in_a_failed_transaction_rolls_it_back_first: 20,
         a_release_whose_connection_is_gone_is_sent_on_a_new_connection: 20,
         a_lost_lease_is_never_released: 20,
+        a_release_whose_future_is_dropped_still_completes: 20,
         dropping_a_live_lease_releases_it_in_the_background: 20,
         leaving_the_scope_by_a_panic_releases_the_lease: 20,
         an_acquire_that_waited_longer_than_its_ttl_is_not_lost_when_granted: 30,
