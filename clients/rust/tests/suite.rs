@@ -234,9 +234,8 @@ async fn a_network_cut_of_the_keepalives_connection_is_survived_on_a_new_connect
     })
     .await;
     println!(
-        "    cut at the network: renewing on a new connection after {:.1} s (interval 1 s, ttl 10 s); last error: {:?}",
-        t0.elapsed().as_secs_f64(),
-        lease.status().keepalive_error
+        "    network cut: renewing on a new connection after {:.1} s (interval 1 s, ttl 10 s)",
+        t0.elapsed().as_secs_f64()
     );
     assert!(!lease.is_lost());
     assert!(live(&admin, &name, lease.token()).await);
