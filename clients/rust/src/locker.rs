@@ -1,0 +1,656 @@
+//! [`Locker`]: where connections come from, the options, and the acquires.
+
+use std::fmt;
+use std::future::{Future, IntoFuture};
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::str::FromStr;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use tokio::sync::OwnedSemaphorePermit;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::Config;
+
+use crate::connection::Connection;
+use crate::error::Error;
+use crate::lease::{self, Lease};
+use crate::pool::Pool;
+use crate::tap::TransactionStatus;
+
+/// The `application_name` of keepalive connections, so that a DBA can find
+/// them in `pg_stat_activity`.
+pub const KEEPALIVE_APPLICATION_NAME: &str = "fenced_lock_keepalive";
+
+/// The longest ttl or wait the client sends (the server's
+/// `fenced_lock.max_ttl` is lower unless raised).
+const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 86400);
+
+/// What a connection of a [`Locker`] is for, as told to a factory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Purpose {
+    /// The lease's connection: the acquire, the caller's guarded writes, the
+    /// release.
+    Lease,
+    /// A keepalive's own connection. The locker sets its
+    /// `application_name` to [`KEEPALIVE_APPLICATION_NAME`] once opened.
+    Keepalive,
+    /// A release whose lease connection was gone.
+    Release,
+}
+
+type FactoryFn =
+    dyn Fn(Purpose) -> Pin<Box<dyn Future<Output = Result<Connection, Error>> + Send>> + Send + Sync;
+
+enum Source {
+    Config(Box<Config>),
+    Pool(Pool),
+    Factory(Arc<FactoryFn>),
+}
+
+/// The thread the keepalives run on, with a small runtime of its own (one
+/// per process, started with the first lease): a busy or blocked
+/// application runtime cannot delay a renew, and a release handed over by
+/// a dropped lease still runs while the application's runtime shuts down.
+fn background() -> &'static tokio::runtime::Handle {
+    static HANDLE: OnceLock<tokio::runtime::Handle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        let (handle_tx, handle_rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("fenced_lock-keepalive".into())
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("fenced_lock: cannot build the keepalive runtime");
+                let _ = handle_tx.send(rt.handle().clone());
+                rt.block_on(std::future::pending::<()>());
+            })
+            .expect("fenced_lock: cannot start the keepalive thread");
+        handle_rx.recv().expect("fenced_lock: the keepalive runtime did not start")
+    })
+}
+
+pub(crate) struct LockerInner {
+    source: Source,
+    pub(crate) keepalive_interval: Option<Duration>,
+    pub(crate) attempts: u32,
+    pub(crate) transaction_pooling: bool,
+    /// `"schema".` or empty: where the extension's functions are.
+    pub(crate) prefix: String,
+}
+
+impl LockerInner {
+    pub(crate) fn spawn<T, F>(&self, f: F) -> tokio::task::JoinHandle<T>
+    where
+        T: Send + 'static,
+        F: Future<Output = T> + Send + 'static,
+    {
+        background().spawn(f)
+    }
+
+    /// With a pool, the slot of a lease's keepalive connection, taken
+    /// before the acquire so that a pool too small for it fails the acquire
+    /// (before anything is sent) rather than the keepalive later.
+    pub(crate) async fn reserve_keepalive(&self) -> Result<Option<OwnedSemaphorePermit>, Error> {
+        match &self.source {
+            Source::Pool(p) => Ok(Some(p.slot().await?)),
+            _ => Ok(None),
+        }
+    }
+
+    /// A keepalive connection, in its reserved pool slot if it has one.
+    pub(crate) async fn open_keepalive(
+        &self,
+        reserved: Option<OwnedSemaphorePermit>,
+        interval: Duration,
+    ) -> Result<Connection, Error> {
+        match &self.source {
+            Source::Config(c) => Connection::connect(&keepalive_config(c, interval)).await,
+            Source::Pool(p) => p.dedicated(|c| *c = keepalive_config(c, interval), reserved).await,
+            Source::Factory(f) => {
+                let conn = f(Purpose::Keepalive).await?;
+                conn.batch_execute(&format!("SET application_name = '{KEEPALIVE_APPLICATION_NAME}'")).await?;
+                Ok(conn)
+            }
+        }
+    }
+
+    /// A connection for `purpose`, from where this locker gets them.
+    pub(crate) async fn open(&self, purpose: Purpose) -> Result<Connection, Error> {
+        match &self.source {
+            Source::Config(c) => Connection::connect(c).await,
+            Source::Pool(p) => p.get().await,
+            Source::Factory(f) => f(purpose).await,
+        }
+    }
+}
+
+/// A keepalive's connection settings: its `application_name`, and a TCP
+/// user timeout of one renew interval (at least a second), so that a renew
+/// sent into a network cut fails with a connection error after that long,
+/// instead of waiting on a dead connection until the deadline, and is
+/// retried on a new connection. A server that is only slow (a renew waiting
+/// for the lock's name) still acknowledges the bytes, and is waited for.
+fn keepalive_config(base: &Config, interval: Duration) -> Config {
+    let mut c = base.clone();
+    c.application_name(KEEPALIVE_APPLICATION_NAME);
+    let timeout = interval.max(Duration::from_secs(1));
+    c.tcp_user_timeout(base.get_tcp_user_timeout().map_or(timeout, |t| (*t).min(timeout)));
+    c
+}
+
+/// Takes leases. Built from a connection string, a [`Config`], a [`Pool`]
+/// or a factory of [`Connection`]s; cheap to clone (clones share
+/// everything).
+///
+/// ```no_run
+/// # async fn f() -> Result<(), fenced_lock::Error> {
+/// let locker = fenced_lock::Locker::new("postgresql://app@db.internal/shop")?;
+/// let lease = locker.acquire("inventory:1").ttl(std::time::Duration::from_secs(10)).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Locker {
+    pub(crate) inner: Arc<LockerInner>,
+}
+
+impl fmt::Debug for Locker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let source = match self.inner.source {
+            Source::Config(_) => "config",
+            Source::Pool(_) => "pool",
+            Source::Factory(_) => "factory",
+        };
+        f.debug_struct("Locker")
+            .field("source", &source)
+            .field("keepalive_interval", &self.inner.keepalive_interval)
+            .field("attempts", &self.inner.attempts)
+            .field("transaction_pooling", &self.inner.transaction_pooling)
+            .finish()
+    }
+}
+
+pub(crate) fn parse_dsn(dsn: &str) -> Result<Config, Error> {
+    Config::from_str(dsn).map_err(|e| {
+        Error::invalid_argument(
+            format!("dsn: not a connection string: {e}"),
+            "Give a postgresql://user@host:port/dbname URL or a key=value string.",
+        )
+    })
+}
+
+/// Builds a [`Locker`]: one source of connections, and the options.
+#[must_use]
+pub struct LockerBuilder {
+    source: Result<Source, Error>,
+    keepalive_interval: Option<Duration>,
+    attempts: u32,
+    transaction_pooling: bool,
+    schema: Option<String>,
+}
+
+impl LockerBuilder {
+    /// How often a keepalive renews (default: a third of the lease's ttl).
+    /// It must be shorter than the ttl of every lease taken.
+    pub fn keepalive_interval(mut self, d: Duration) -> Self {
+        self.keepalive_interval = Some(d);
+        self
+    }
+
+    /// How many times in all the retry helper runs (default 5).
+    pub fn attempts(mut self, n: u32) -> Self {
+        self.attempts = n;
+        self
+    }
+
+    /// The connections go through PgBouncer (or another pooler) in
+    /// transaction mode: session-bound leases are then refused, because the
+    /// session would be a server connection shared with other clients
+    /// (default false).
+    pub fn transaction_pooling(mut self, on: bool) -> Self {
+        self.transaction_pooling = on;
+        self
+    }
+
+    /// The schema the extension was created in, when it is not on the
+    /// connections' `search_path`.
+    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = Some(schema.into());
+        self
+    }
+
+    /// The locker, or the invalid-argument error naming the first bad
+    /// option.
+    pub fn build(self) -> Result<Locker, Error> {
+        let source = self.source?;
+        if self.keepalive_interval == Some(Duration::ZERO) {
+            return Err(Error::invalid_argument(
+                "keepalive_interval must be greater than zero",
+                "Leave it unset for a third of the ttl.",
+            ));
+        }
+        if self.attempts == 0 {
+            return Err(Error::invalid_argument("attempts must be at least 1", "The default is 5."));
+        }
+        let prefix = match self.schema {
+            None => String::new(),
+            Some(s) if s.is_empty() || s.contains('\0') => {
+                return Err(Error::invalid_argument(
+                    "schema must be a non-empty name without NUL characters",
+                    "Give the schema of CREATE EXTENSION fenced_lock SCHEMA ..., or leave it unset.",
+                ))
+            }
+            Some(s) => format!("\"{}\".", s.replace('"', "\"\"")),
+        };
+        Ok(Locker {
+            inner: Arc::new(LockerInner {
+                source,
+                keepalive_interval: self.keepalive_interval,
+                attempts: self.attempts,
+                transaction_pooling: self.transaction_pooling,
+                prefix,
+            }),
+        })
+    }
+}
+
+impl Locker {
+    /// A locker that opens its connections from a `postgresql://` URL or a
+    /// `key=value` string (no TLS; for TLS use [`Locker::factory`] with
+    /// [`Connection::connect_tls`]), with the default options.
+    pub fn new(dsn: &str) -> Result<Locker, Error> {
+        Locker::builder(dsn).build()
+    }
+
+    /// A builder with connections from a connection string.
+    pub fn builder(dsn: &str) -> LockerBuilder {
+        Self::with_source(parse_dsn(dsn).map(|c| Source::Config(Box::new(c))))
+    }
+
+    /// A builder with connections from a tokio-postgres [`Config`].
+    pub fn from_config(config: Config) -> LockerBuilder {
+        Self::with_source(Ok(Source::Config(Box::new(config))))
+    }
+
+    /// A builder with connections from a [`Pool`].
+    pub fn from_pool(pool: Pool) -> LockerBuilder {
+        Self::with_source(Ok(Source::Pool(pool)))
+    }
+
+    /// A builder with connections from a factory: an async function that
+    /// opens a [`Connection`] (with [`Connection::connect`] or
+    /// [`Connection::connect_tls`], say), told what it is for.
+    pub fn factory<F, Fut>(f: F) -> LockerBuilder
+    where
+        F: Fn(Purpose) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Connection, Error>> + Send + 'static,
+    {
+        let f: Arc<FactoryFn> = Arc::new(move |p| Box::pin(f(p)));
+        Self::with_source(Ok(Source::Factory(f)))
+    }
+
+    fn with_source(source: Result<Source, Error>) -> LockerBuilder {
+        LockerBuilder {
+            source,
+            keepalive_interval: None,
+            attempts: 5,
+            transaction_pooling: false,
+            schema: None,
+        }
+    }
+
+    /// A new connection from this locker's source, for the caller's own use
+    /// (to acquire on with [`Acquire::on`], for one).
+    pub async fn connect(&self) -> Result<Connection, Error> {
+        self.inner.open(Purpose::Lease).await
+    }
+
+    /// `fenced_lock_try_acquire`: a lease now, or `None` if it cannot be
+    /// granted without waiting. Set the options on the returned builder and
+    /// `.await` it.
+    pub fn try_acquire(&self, name: impl Into<String>) -> Acquire<'_, Try> {
+        Acquire::new(self, name.into())
+    }
+
+    /// `fenced_lock_acquire`: waits in line (at most [`Acquire::wait`], or
+    /// until granted). Set the options on the returned builder and `.await`
+    /// it, or hand it a closure with [`Acquire::run`].
+    pub fn acquire(&self, name: impl Into<String>) -> Acquire<'_, Wait> {
+        Acquire::new(self, name.into())
+    }
+
+    /// The retry helper with the default acquire options:
+    /// `locker.acquire(name).run(f)`.
+    pub async fn run<T, F>(&self, name: impl Into<String>, f: F) -> Result<T, Error>
+    where
+        F: AsyncFnMut(&Lease) -> Result<T, Error>,
+    {
+        self.acquire(name).run(f).await
+    }
+}
+
+/// Marks an [`Acquire`] of [`Locker::try_acquire`].
+#[derive(Debug)]
+pub enum Try {}
+/// Marks an [`Acquire`] of [`Locker::acquire`].
+#[derive(Debug)]
+pub enum Wait {}
+
+#[derive(Clone)]
+pub(crate) struct Request {
+    pub(crate) name: String,
+    pub(crate) ttl: Duration,
+    pub(crate) wait: Option<Duration>,
+    pub(crate) holder: Option<String>,
+    pub(crate) session_bound: bool,
+    pub(crate) shared: bool,
+    pub(crate) permits: u32,
+    pub(crate) keepalive: bool,
+    pub(crate) conn: Option<Connection>,
+    pub(crate) attempts: Option<u32>,
+}
+
+/// An acquire being set up: every argument of the server function, with the
+/// server's defaults (ttl 30 s; no holder; not session-bound; exclusive),
+/// plus `keepalive` (on) and the connection to acquire on. `.await` it.
+#[must_use = "an acquire does nothing until it is awaited"]
+pub struct Acquire<'l, M> {
+    locker: &'l Locker,
+    req: Request,
+    _mode: PhantomData<M>,
+}
+
+impl<'l, M> Acquire<'l, M> {
+    fn new(locker: &'l Locker, name: String) -> Self {
+        Acquire {
+            locker,
+            req: Request {
+                name,
+                ttl: Duration::from_secs(30),
+                wait: None,
+                holder: None,
+                session_bound: false,
+                shared: false,
+                permits: 1,
+                keepalive: true,
+                conn: None,
+                attempts: None,
+            },
+            _mode: PhantomData,
+        }
+    }
+
+    /// The lease's ttl (default 30 s).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.req.ttl = ttl;
+        self
+    }
+
+    /// The holder: a retry by the same holder (and role) gets the same
+    /// token back while the lease is live.
+    pub fn holder(mut self, holder: impl Into<String>) -> Self {
+        self.req.holder = Some(holder.into());
+        self
+    }
+
+    /// The lease also ends when the session of its connection ends.
+    pub fn session_bound(mut self, on: bool) -> Self {
+        self.req.session_bound = on;
+        self
+    }
+
+    /// A shared lease (0.3.0): any number live together, none beside an
+    /// exclusive one.
+    pub fn shared(mut self, on: bool) -> Self {
+        self.req.shared = on;
+        self
+    }
+
+    /// One of `n` permits of a counting semaphore (0.3.0); 1 is an ordinary
+    /// exclusive lease.
+    pub fn permits(mut self, n: u32) -> Self {
+        self.req.permits = n;
+        self
+    }
+
+    /// Renew in the background (default on). Off, the lease is still
+    /// signalled lost when its ttl has passed without a [`Lease::renew`].
+    pub fn keepalive(mut self, on: bool) -> Self {
+        self.req.keepalive = on;
+        self
+    }
+
+    /// Acquire on this connection (a clone is kept for the lease's life)
+    /// instead of one of the locker's. It must not be inside a transaction
+    /// block.
+    pub fn on(mut self, conn: &Connection) -> Self {
+        self.req.conn = Some(conn.clone());
+        self
+    }
+}
+
+impl<'l> Acquire<'l, Wait> {
+    /// Wait at most this long (default: until granted); then
+    /// [`Error::WaitTimeout`].
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.req.wait = Some(wait);
+        self
+    }
+
+    /// The retry helper's attempts for this call (default: the locker's).
+    pub fn attempts(mut self, n: u32) -> Self {
+        self.req.attempts = Some(n);
+        self
+    }
+
+    /// The retry helper: acquire (waiting) with keepalive, call `f(&lease)`,
+    /// release, and return what `f` returned. If `f` returns
+    /// [`Error::StaleToken`] (the lease was lost and the database refused
+    /// the write), the lease is dropped without a release and it all runs
+    /// again from the acquire, up to `attempts` times in all; then that
+    /// error is returned. Any other error of `f` is returned at once, after
+    /// the release; an error of the acquire itself is returned at once.
+    ///
+    /// A release that fails after `f` succeeded does not undo what `f` did
+    /// (its writes were accepted while the lease was live); the lease then
+    /// ends at its ttl, and `f`'s value is returned.
+    pub async fn run<T, F>(self, mut f: F) -> Result<T, Error>
+    where
+        F: AsyncFnMut(&Lease) -> Result<T, Error>,
+    {
+        let attempts = self.req.attempts.unwrap_or(self.locker.inner.attempts);
+        if attempts == 0 {
+            return Err(Error::invalid_argument("attempts must be at least 1", "The default is 5."));
+        }
+        validate(&self.locker.inner, &self.req, true)?;
+        let mut last = None;
+        for _ in 0..attempts {
+            let lease = acquire(self.locker, self.req.clone(), true).await?.expect("acquire returns a lease");
+            match f(&lease).await {
+                Ok(v) => {
+                    let _ = lease.release().await;
+                    return Ok(v);
+                }
+                Err(e) if e.is_stale_token() => {
+                    lease.abandon().await;
+                    last = Some(e);
+                }
+                Err(e) => {
+                    let _ = lease.release().await;
+                    return Err(e);
+                }
+            }
+        }
+        Err(last.expect("at least one attempt"))
+    }
+}
+
+impl<'l> IntoFuture for Acquire<'l, Try> {
+    type Output = Result<Option<Lease>, Error>;
+    type IntoFuture = Pin<Box<dyn Future<Output = Self::Output> + Send + 'l>>;
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(acquire(self.locker, self.req, false))
+    }
+}
+
+impl<'l> IntoFuture for Acquire<'l, Wait> {
+    type Output = Result<Lease, Error>;
+    type IntoFuture = Pin<Box<dyn Future<Output = Self::Output> + Send + 'l>>;
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(
+            async move { Ok(acquire(self.locker, self.req, true).await?.expect("acquire returns a lease")) },
+        )
+    }
+}
+
+/// The client's own checks, in the order of the server function's
+/// arguments; nothing is sent when one fails.
+pub(crate) fn validate(locker: &LockerInner, r: &Request, waiting: bool) -> Result<(), Error> {
+    if r.name.is_empty() {
+        return Err(Error::invalid_argument(
+            "name must not be empty",
+            "A lock name is non-empty text of at most 512 bytes.",
+        ));
+    }
+    if r.name.contains('\0') {
+        return Err(Error::invalid_argument(
+            "name must not contain a NUL character",
+            "PostgreSQL text cannot hold NUL characters.",
+        ));
+    }
+    check_duration("ttl", r.ttl, false)?;
+    if waiting {
+        if let Some(w) = r.wait {
+            check_duration("wait", w, true)?;
+        }
+    }
+    if r.holder.as_deref().is_some_and(|h| h.contains('\0')) {
+        return Err(Error::invalid_argument(
+            "holder must not contain a NUL character",
+            "PostgreSQL text cannot hold NUL characters.",
+        ));
+    }
+    if r.permits < 1 {
+        return Err(Error::invalid_argument(
+            format!("permits must be at least 1, not {}", r.permits),
+            "1 is an ordinary exclusive lease; N > 1 is one of N permits.",
+        ));
+    }
+    if r.shared && r.permits > 1 {
+        return Err(Error::invalid_argument(
+            format!("shared cannot be combined with permits = {}", r.permits),
+            "A lease is shared, or one of N permits, not both.",
+        ));
+    }
+    if r.keepalive {
+        if let Some(i) = locker.keepalive_interval {
+            if i >= r.ttl {
+                return Err(Error::invalid_argument(
+                    format!("keepalive_interval {i:?} must be shorter than the ttl {:?}", r.ttl),
+                    "Renew a few times per ttl: leave keepalive_interval unset for ttl/3.",
+                ));
+            }
+        }
+    }
+    if r.session_bound && locker.transaction_pooling {
+        return Err(Error::usage(
+            "session_bound = true is refused with transaction_pooling: the session would be a pooled server \
+             connection shared with other clients, and the lease would end with their session, not yours; \
+             use a plain lease (ttl + keepalive)",
+        ));
+    }
+    Ok(())
+}
+
+fn check_duration(arg: &str, d: Duration, zero_ok: bool) -> Result<(), Error> {
+    if !zero_ok && d < Duration::from_micros(1) {
+        return Err(Error::invalid_argument(
+            format!("{arg} must be greater than zero (at least 1 microsecond), not {d:?}"),
+            "Pass a ttl such as Duration::from_secs(30).",
+        ));
+    }
+    if d > MAX_DURATION {
+        return Err(Error::invalid_argument(
+            format!("{arg} {d:?} is longer than 100 years"),
+            "Leases are renewed: use a ttl of seconds to hours.",
+        ));
+    }
+    Ok(())
+}
+
+fn micros(d: Duration) -> i64 {
+    d.as_micros() as i64
+}
+
+/// Acquires as `r` says: `Ok(None)` only for a try that was not granted.
+pub(crate) async fn acquire(locker: &Locker, r: Request, waiting: bool) -> Result<Option<Lease>, Error> {
+    validate(&locker.inner, &r, waiting)?;
+    let given = match &r.conn {
+        Some(c) => match c.transaction_status().await {
+            TransactionStatus::Idle => Some(c.clone()),
+            TransactionStatus::InTransaction | TransactionStatus::Failed => return Err(Error::usage(
+                "acquire must run outside a transaction block: the grant has to be committed before a renew \
+                     from another connection can see it; commit or roll back first, or acquire on another \
+                     connection",
+            )),
+            TransactionStatus::Closed => {
+                return Err(Error::connection("the connection given to acquire is closed"))
+            }
+        },
+        None => None,
+    };
+    let reserved = if r.keepalive { locker.inner.reserve_keepalive().await? } else { None };
+    let conn = match given {
+        Some(c) => c,
+        None => locker.inner.open(Purpose::Lease).await?,
+    };
+    let p = &locker.inner.prefix;
+    let ttl = micros(r.ttl);
+    let wait = r.wait.map(micros);
+    let mut params: Vec<(&(dyn ToSql + Sync), Type)> = vec![(&r.name, Type::TEXT), (&ttl, Type::INT8)];
+    let mut args = vec!["name => $1".to_string(), "ttl => $2::float8 * interval '1 microsecond'".to_string()];
+    if waiting {
+        params.push((&wait, Type::INT8));
+        args.push("wait => $3::float8 * interval '1 microsecond'".into());
+    }
+    params.push((&r.holder, Type::TEXT));
+    args.push(format!("holder => ${}", params.len()));
+    params.push((&r.session_bound, Type::BOOL));
+    args.push(format!("session_bound => ${}", params.len()));
+    // Sent only when not the default, so an exclusive lease also works
+    // against a 0.2.0 server, which has neither argument.
+    if r.shared {
+        params.push((&r.shared, Type::BOOL));
+        args.push(format!("shared => ${}", params.len()));
+    }
+    let permits = r.permits as i32;
+    if r.permits != 1 {
+        params.push((&permits, Type::INT4));
+        args.push(format!("permits => ${}", params.len()));
+    }
+    let args = args.join(", ");
+    let sql = if waiting {
+        // The grant may come at any time during the wait. The renew in the
+        // same statement, after the server has measured how long the
+        // statement has run, starts the client's deadline from there: at
+        // least `sent + waited` on the client's clock, never after the
+        // server's expiry.
+        format!(
+            "SELECT s.t, (extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000000)::int8, \
+             {p}fenced_lock_renew($1, s.t, $2::float8 * interval '1 microsecond') \
+             FROM (SELECT {p}fenced_lock_acquire({args}) AS t OFFSET 0) s"
+        )
+    } else {
+        format!("SELECT {p}fenced_lock_try_acquire({args}), 0::int8, true")
+    };
+    let sent = Instant::now();
+    let row = conn.query_typed_one(&sql, &params).await?;
+    let token: Option<i64> = row.try_get(0)?;
+    let Some(token) = token else { return Ok(None) };
+    let waited: i64 = row.try_get(1)?;
+    let live: bool = row.try_get(2)?;
+    let base = sent + Duration::from_micros(waited.max(0) as u64);
+    Ok(Some(lease::start(locker.clone(), r, conn, token, base, live, reserved)))
+}
