@@ -31,27 +31,28 @@ stale() { # stale STAMP DIR...: a source under DIR is newer than STAMP, or STAMP
   [ ! -f "$stamp" ] || [ -n "$(find "$@" -name '*.java' -newer "$stamp" -print -quit)" ] || [ build.sh -nt "$stamp" ]
 }
 
-compile() { # compile OUT CLASSPATH SRCDIR...
-  local out=$1 cp=$2; shift 2
+compile() { # compile RELEASE OUT CLASSPATH SRCDIR...
+  local release=$1 out=$2 cp=$3; shift 3
   rm -rf "$out.tmp"; mkdir -p "$out.tmp"
-  javac --release 17 -encoding UTF-8 -Xlint:all -Werror -d "$out.tmp" -cp "$cp" $(find "$@" -name '*.java' | sort) >&2
+  javac --release "$release" -encoding UTF-8 -Xlint:all -Werror -d "$out.tmp" -cp "$cp" \
+    $(find "$@" -name '*.java' | sort) >&2
   rm -rf "$out"; mv "$out.tmp" "$out"
 }
 
 if stale build/.classes src/main; then
   echo "build.sh: compiling the library (fenced-lock $VERSION)" >&2
-  compile build/classes "$PGJDBC" src/main/java
+  compile 11 build/classes "$PGJDBC" src/main/java  # the library runs on Java 11 and later
   touch build/.classes
   rm -f build/.examples build/.tests
 fi
 if stale build/.examples src/examples; then
-  compile build/examples "build/classes:$PGJDBC" src/examples/java
+  compile 17 build/examples "build/classes:$PGJDBC" src/examples/java
   touch build/.examples
 fi
 if $tests && stale build/.tests src/test; then
   [ -f "$JUNIT" ] || { echo "build.sh: $JUNIT not found (apt-get install junit5)" >&2; exit 1; }
   echo "build.sh: compiling the tests" >&2
-  compile build/test-classes "build/classes:build/examples:$PGJDBC:$JUNIT:$HIKARI:$SLF4J" src/test/java
+  compile 17 build/test-classes "build/classes:build/examples:$PGJDBC:$JUNIT:$HIKARI:$SLF4J" src/test/java
   cp -r src/test/resources/. build/test-classes/ 2>/dev/null || true
   touch build/.tests
 fi

@@ -33,6 +33,7 @@ public final class FencedLock {
   public static final int DEFAULT_RETRY_ATTEMPTS = 5;
 
   private static final long MAX_NANOS = Long.MAX_VALUE / 2;
+  private static final System.Logger LOG = System.getLogger("io.github.fencedlock");
 
   final ConnectionSource source;
   private final Duration keepaliveInterval;
@@ -220,8 +221,14 @@ public final class FencedLock {
       if (answered - sent >= ttlNanos / 3) {
         // The deadline counts from the send, but the grant came later (after waiting in line):
         // one renew now gives the lease back the ttl it really has.
-        if (!lease.renew()) {
-          return lease; // already lost; its user sees isLost()
+        try {
+          if (!lease.renew()) {
+            return lease; // already lost; its user sees isLost()
+          }
+        } catch (FencedLockException e) {
+          // The lease is granted all the same; its deadline stays counted from the send, and the
+          // keepalive (which renews at once) or isLost() tells what became of it.
+          LOG.log(System.Logger.Level.WARNING, "renew after a long acquire of \"" + name + "\" failed: " + e);
         }
       }
       if (o.keepalive) {

@@ -97,7 +97,9 @@ final class Keepalive implements Runnable {
 
   @Override
   public void run() {
-    long next = lease.grantSentAt() + intervalNanos;
+    // The first renew one interval after the acquire was sent (or after the renew that followed
+    // a long wait in line).
+    long next = lease.deadline() - lease.ttlNanos() + intervalNanos;
     try {
       while (true) {
         long now = System.nanoTime();

@@ -43,7 +43,6 @@ public final class Lease implements AutoCloseable {
   private final boolean sessionBound;
   private final boolean shared;
   private final int permits;
-  private final long grantSentAt;
 
   private final Object deadlineLock = new Object();
   private long deadline; // System.nanoTime() scale; guarded by deadlineLock
@@ -70,7 +69,6 @@ public final class Lease implements AutoCloseable {
     this.sessionBound = o.sessionBound;
     this.shared = o.shared;
     this.permits = o.permits;
-    this.grantSentAt = grantSentAt;
     this.deadline = grantSentAt + ttlNanos;
     for (LostListener l : o.lostListeners) {
       lostListeners.add(new Once(l));
@@ -210,10 +208,6 @@ public final class Lease implements AutoCloseable {
 
   long ttlNanos() {
     return ttlNanos;
-  }
-
-  long grantSentAt() {
-    return grantSentAt;
   }
 
   /**
