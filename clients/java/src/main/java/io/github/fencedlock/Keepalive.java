@@ -23,8 +23,9 @@ import java.util.concurrent.locks.ReentrantLock;
  * <p>It keeps the lease's deadline on the monotonic clock: the send instant of the acquire or of
  * the last successful renew, plus the ttl, never later than the server's expiry. Every blocking
  * step is bounded by that deadline (the connect waits at most until it, a renew's socket reads
- * time out at it), so lost is signalled at the deadline even when the server does not answer. After
- * any wait, a pause of the process included, it looks at the clock before sending anything.
+ * time out at it), so lost is signalled at the deadline even when the server does not answer;
+ * and by an attempt's time, so that a silent connection is replaced well before it. After any
+ * wait, a pause of the process included, it looks at the clock before sending anything.
  */
 final class Keepalive implements Runnable {
   private static final System.Logger LOG = System.getLogger("io.github.fencedlock");
@@ -41,6 +42,7 @@ final class Keepalive implements Runnable {
   private final ConnectionSource source;
   private final long intervalNanos;
   private final long retryNanos;
+  private final long attemptNanos;
   private final Thread thread;
 
   private final ReentrantLock lock = new ReentrantLock();
@@ -55,6 +57,11 @@ final class Keepalive implements Runnable {
     this.source = source;
     this.intervalNanos = intervalNanos;
     this.retryNanos = Math.min(intervalNanos, MAX_RETRY_NANOS);
+    // One attempt (a connect, a renew) may take an interval, and at least a second, before it is
+    // given up and tried again on a new connection: a connection that silently stopped (a NAT or
+    // firewall dropping it) must not hold the renewals until the deadline. A renew waiting for the
+    // name lock behind a guarded write is not hurt: the next attempt waits in its place.
+    this.attemptNanos = Math.max(intervalNanos, MAX_RETRY_NANOS);
     this.thread = new Thread(this, "fenced_lock keepalive " + lease.name());
     this.thread.setDaemon(true);
   }
@@ -112,7 +119,7 @@ final class Keepalive implements Runnable {
           return;
         }
         if (connection == null) {
-          if (!connect(deadline)) {
+          if (!connect(earlier(now + attemptNanos, deadline))) {
             if (!sleepUntil(earlier(now + retryNanos, deadline))) {
               return;
             }
@@ -128,7 +135,7 @@ final class Keepalive implements Runnable {
         long sent = System.nanoTime();
         Boolean live;
         try {
-          live = sendRenew(sent, deadline);
+          live = sendRenew(sent, earlier(sent + attemptNanos, deadline));
         } catch (SQLException | RuntimeException e) {
           // Renewals never stop for one failure: drop the connection, try again on a new one
           // every min(interval, 1 s) until the deadline.
@@ -193,7 +200,8 @@ final class Keepalive implements Runnable {
     }
   }
 
-  private boolean connect(long deadline) {
+  /** Opens the keepalive's connection, giving up at {@code until}. */
+  private boolean connect(long until) {
     CompletableFuture<Connection> f = new CompletableFuture<>();
     CONNECTOR.execute(() -> {
       try {
@@ -203,11 +211,11 @@ final class Keepalive implements Runnable {
       }
     });
     try {
-      connection = f.get(Math.max(1, deadline - System.nanoTime()), TimeUnit.NANOSECONDS);
+      connection = f.get(Math.max(1, until - System.nanoTime()), TimeUnit.NANOSECONDS);
       renew = connection.prepareStatement(lease.locker().renewSql());
       return true;
     } catch (TimeoutException e) {
-      LOG.log(Level.WARNING, "keepalive connection for lock \"" + lease.name() + "\" not open by the deadline");
+      LOG.log(Level.WARNING, "keepalive connection for lock \"" + lease.name() + "\" not open in time");
       f.thenAccept(c -> source.closeKeepalive(c, false));
     } catch (ExecutionException e) {
       LOG.log(Level.WARNING, "keepalive connection for lock \"" + lease.name() + "\" failed: " + e.getCause());
@@ -220,11 +228,12 @@ final class Keepalive implements Runnable {
     return false;
   }
 
-  private Boolean sendRenew(long sent, long deadline) throws SQLException {
-    long leftMillis = Math.max(1, TimeUnit.NANOSECONDS.toMillis(deadline - sent) + 1);
+  /** Sends a renew whose socket reads time out at {@code until} (at the latest, the deadline). */
+  private Boolean sendRenew(long sent, long until) throws SQLException {
+    long leftMillis = Math.max(1, TimeUnit.NANOSECONDS.toMillis(until - sent) + 1);
     try {
-      // The socket's reads time out at the deadline: past it the lease counts as lost whatever
-      // the answer would be.
+      // Past the deadline the lease counts as lost whatever the answer would be; before it, a
+      // silent connection is given up for a new one.
       connection.setNetworkTimeout(Runnable::run, (int) Math.min(Integer.MAX_VALUE, leftMillis));
     } catch (SQLException | UnsupportedOperationException | AbstractMethodError e) {
       // A pool's wrapper that cannot set it: the renew is then bounded by the driver's timeouts.

@@ -184,7 +184,9 @@ class KeepaliveTest {
 
   @Test
   void aRenewInFlightAtReleaseIsAnsweredBeforeTheReleaseIsSent() throws Exception {
-    FencedLock locks = FencedLock.builder(db.dsn).keepaliveInterval(Duration.ofMillis(200)).build();
+    // A renew attempt may wait an interval (here 2 s) before it is given up for a new one: the
+    // test holds it up for less.
+    FencedLock locks = FencedLock.builder(db.dsn).keepaliveInterval(Duration.ofSeconds(2)).build();
     AtomicInteger renewals = new AtomicInteger();
     List<Object> before = db.keepalivePids();
     // The caller's connection, so that its backend, and its last query, are still there to see
