@@ -36,7 +36,7 @@ rm -rf build/test-reports
 # whole at the end: no child outlives the run, even if the suite's JVM dies.
 set -m
 java -Xmx512m -Dfl.clientdir="$here" -cp "$cp" org.junit.platform.console.ConsoleLauncher \
-  --disable-banner --disable-ansi-colors --details=tree --reports-dir=build/test-reports "${selectors[@]}" &
+  --disable-banner --disable-ansi-colors --fail-if-no-tests --details=tree --reports-dir=build/test-reports "${selectors[@]}" &
 suite=$!
 trap 'kill -KILL -- -$suite 2>/dev/null || true' EXIT INT TERM
 rc=0

@@ -90,7 +90,7 @@ class KeepaliveTest {
     List<Object> before = db.keepalivePids();
     AtomicInteger renewals = new AtomicInteger();
     Lease lease = keep(db.locker().acquire("ka:reconnect",
-        AcquireOptions.defaults().ttl(Duration.ofMillis(1500)).onRenewed(l -> renewals.incrementAndGet())));
+        AcquireOptions.defaults().ttl(Duration.ofSeconds(2)).onRenewed(l -> renewals.incrementAndGet())));
     int first = newKeepalivePid(before);
     db.terminate(first);
     long terminated = System.nanoTime();
@@ -104,8 +104,8 @@ class KeepaliveTest {
         (System.nanoTime() - terminated) / 1e6);
 
     Db.await("renewals on the new connection", Duration.ofSeconds(10), () -> renewals.get() >= countAtTerminate + 2);
-    // Past two ttls after the terminate: only renewals on the new connection can have kept it.
-    long left = terminated + TimeUnit.MILLISECONDS.toNanos(3000) - System.nanoTime();
+    // Well past the ttl after the terminate: only renewals on the new connection can have kept it.
+    long left = terminated + TimeUnit.MILLISECONDS.toNanos(3500) - System.nanoTime();
     if (left > 0) {
       Db.sleep(TimeUnit.NANOSECONDS.toMillis(left));
     }

@@ -74,7 +74,7 @@ class NetworkCutTest {
   @Test
   void aConnectionThatSilentlyStopsIsGivenUpAndTheRenewRetriedOnANewOne() throws Exception {
     AtomicInteger renewals = new AtomicInteger();
-    Lease lease = throughProxy().acquire("cut:silent", AcquireOptions.defaults().ttl(Duration.ofSeconds(3))
+    Lease lease = throughProxy().acquire("cut:silent", AcquireOptions.defaults().ttl(Duration.ofSeconds(4))
         .connection(direct).onRenewed(l -> renewals.incrementAndGet()));
     Db.await("a renew through the proxy", Duration.ofSeconds(5), () -> renewals.get() >= 1);
     proxy.stallExisting(); // that connection is dead; new ones go through
@@ -82,7 +82,7 @@ class NetworkCutTest {
     int atCut = renewals.get();
     Db.await("a renew on a new connection", Duration.ofSeconds(5), () -> renewals.get() > atCut);
     System.out.printf("silent connection: renewed on a new one %.0f ms after the cut%n", (System.nanoTime() - cut) / 1e6);
-    long left = cut + TimeUnit.MILLISECONDS.toNanos(4000) - System.nanoTime(); // past the ttl
+    long left = cut + TimeUnit.MILLISECONDS.toNanos(5000) - System.nanoTime(); // past the ttl
     if (left > 0) {
       Db.sleep(left / 1_000_000);
     }

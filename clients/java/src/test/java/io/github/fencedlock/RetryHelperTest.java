@@ -11,6 +11,7 @@ import static org.junit.jupiter.api.Assertions.fail;
 import java.io.IOException;
 import java.sql.Connection;
 import java.sql.PreparedStatement;
+import java.sql.ResultSet;
 import java.sql.SQLException;
 import java.time.Duration;
 import java.util.ArrayList;
@@ -48,34 +49,52 @@ class RetryHelperTest {
     for (int i = 0; i < 4; i++) {
       sellers.add(Child.start("inventory", "--dsn", db.dsn, "--item", "1", "--sales", "25", "--ttl", "1"));
     }
-    Child victim = sellers.get(0);
-    String victimHolder = "inventory-" + victim.pid();
-    victim.await("two sales", Duration.ofSeconds(60), 0, e -> "sold".equals(e.name()) && victim.events("sold").size() >= 2);
+    for (Child c : sellers) {
+      c.await("a first sale", Duration.ofSeconds(60), 0, e -> "sold".equals(e.name()));
+    }
 
-    // Stop the victim while it holds the lease (between its acquire and its release), so that
-    // the others take over at its expiry and its write after the pause is refused.
+    // Stop whichever seller holds the lease (between its acquire and its release), so that the
+    // others take over at its expiry and its write after the pause is refused.
+    Child victim = null;
     Long pausedToken = null;
     long stopped = 0;
-    for (int tries = 0; tries < 500 && pausedToken == null; tries++) {
-      if (!victimHolder.equals(db.scalar("SELECT holder FROM fenced_lock_leases WHERE name = 'inventory:1' AND live"))) {
-        if (victim.events("done").size() > 0) {
-          fail("the victim finished before it could be paused holding the lease");
+    try (Connection look = db.admin(); PreparedStatement holding = look.prepareStatement(
+        "SELECT holder, token FROM fenced_lock_leases WHERE name = 'inventory:1' AND live")) {
+      for (int tries = 0; tries < 2000 && pausedToken == null; tries++) {
+        String holder = null;
+        long token = 0;
+        try (ResultSet rs = holding.executeQuery()) {
+          if (rs.next()) {
+            holder = rs.getString(1);
+            token = rs.getLong(2);
+          }
         }
-        Db.sleep(2);
-        continue;
-      }
-      victim.signal("STOP");
-      stopped = System.nanoTime();
-      Db.sleep(50); // what it had sent before the stop lands
-      Object token = db.scalar(
-          "SELECT token FROM fenced_lock_leases WHERE name = 'inventory:1' AND live AND holder = ?", victimHolder);
-      if (token != null) {
-        pausedToken = longOf(token);
-      } else {
-        victim.signal("CONT");
+        Child candidate = null;
+        for (Child c : sellers) {
+          if (("inventory-" + c.pid()).equals(holder) && c.events("done").isEmpty()) {
+            candidate = c;
+          }
+        }
+        if (candidate == null) {
+          Db.sleep(1);
+          continue;
+        }
+        candidate.signal("STOP");
+        stopped = System.nanoTime();
+        Db.sleep(50); // what it had sent before the stop lands
+        try (ResultSet rs = holding.executeQuery()) {
+          if (rs.next() && rs.getLong(2) == token) {
+            victim = candidate;
+            pausedToken = token;
+          }
+        }
+        if (pausedToken == null) {
+          candidate.signal("CONT");
+        }
       }
     }
-    assertTrue(pausedToken != null, "could not stop the victim while it held the lease");
+    assertTrue(pausedToken != null, "could not stop a seller while it held the lease");
+    String victimHolder = "inventory-" + victim.pid();
     long left = stopped + Duration.ofMillis(2500).toNanos() - System.nanoTime();
     if (left > 0) {
       Db.sleep(left / 1_000_000);
