@@ -32,8 +32,8 @@ class DsnTest {
 
   @Test
   void keywordValuePairsWithQuotesAndEscapes() throws Exception {
-    Dsn d = Dsn.parse("host=127.0.0.1 port = 5625 dbname=postgres user=postgres password='it\\'s a secret' options='-c x=1'");
-    assertEquals("jdbc:postgresql://127.0.0.1:5625/postgres", d.url);
+    Dsn d = Dsn.parse("host=127.0.0.1 port = 6543 dbname=postgres user=postgres password='it\\'s a secret' options='-c x=1'");
+    assertEquals("jdbc:postgresql://127.0.0.1:6543/postgres", d.url);
     assertEquals("it's a secret", d.properties.getProperty("password"));
     assertEquals("-c x=1", d.properties.getProperty("options"));
   }
