@@ -1,0 +1,174 @@
+package fencedlock
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v4"
+)
+
+// keepalive renews one lease from a connection of its own, in its own
+// goroutine. It never touches the lease's connection, so the caller's work
+// never delays a renew and a renew never blocks the caller's work.
+type keepalive struct {
+	stop     chan struct{} // closed: send no new renew, end
+	stopOnce sync.Once
+	// force cancels a renew in flight; only a Release whose ctx ended
+	// while waiting for that renew uses it.
+	force    context.Context
+	forceFn  context.CancelFunc
+	finished chan struct{} // closed when the goroutine has ended, its connection closed
+}
+
+func (k *keepalive) signalStop() { k.stopOnce.Do(func() { close(k.stop) }) }
+
+// stopAndWait stops the keepalive and waits until it has ended: a renew in
+// flight finishes first (or, if ctx ends before, is cancelled), and the
+// keepalive's connection is closed.
+func (k *keepalive) stopAndWait(ctx context.Context) {
+	k.signalStop()
+	select {
+	case <-k.finished:
+	case <-ctx.Done():
+		k.forceFn()
+		<-k.finished
+	}
+}
+
+func (l *Lease) startKeepalive() {
+	force, forceFn := context.WithCancel(context.Background())
+	k := &keepalive{stop: make(chan struct{}), force: force, forceFn: forceFn, finished: make(chan struct{})}
+	l.mu.Lock()
+	l.ka = k
+	l.mu.Unlock()
+	go l.keepaliveLoop(k)
+}
+
+// retryEvery is how soon a renew that failed for an error (the connection
+// broke, the server refused) is tried again, on a new connection if the
+// old one is gone.
+func (l *Lease) retryEvery() time.Duration {
+	if l.interval < time.Second {
+		return l.interval
+	}
+	return time.Second
+}
+
+func (l *Lease) keepaliveLoop(k *keepalive) {
+	var conn *pgx.Conn
+	var handback func()
+	defer func() {
+		if handback != nil {
+			handback()
+		}
+		k.forceFn()
+		close(k.finished)
+	}()
+
+	// The first renew is due an interval after the acquire was sent; the
+	// connection is opened at once, so that it is ready by then.
+	next := l.currentDeadline().add(-l.ttl).add(l.interval)
+	var lastErr error
+	for {
+		if conn != nil && conn.IsClosed() {
+			handback()
+			conn, handback = nil, nil
+		}
+		if conn == nil {
+			c, hb, err := l.openKeepaliveConn(k)
+			if err != nil {
+				lastErr = err
+				if !l.waitUntil(k, now().add(l.retryEvery()), lastErr) {
+					return
+				}
+				continue
+			}
+			conn, handback = c, hb
+		}
+		if !l.waitUntil(k, next, lastErr) {
+			return
+		}
+		select {
+		case <-k.stop:
+			return
+		default:
+		}
+
+		sent := now()
+		// A renew that has not returned by the deadline is of no use: the
+		// lease counts as lost then, whatever it answers later.
+		ctx, cancel := context.WithTimeout(k.force, l.currentDeadline().sub(sent))
+		ok, err := l.renewOn(ctx, conn)
+		cancel()
+		if err != nil {
+			// Never stop renewing because of one error: try again soon, on
+			// a new connection if this one broke, until the deadline.
+			lastErr = Wrap(err)
+			next = sent.add(l.retryEvery())
+			continue
+		}
+		if !ok {
+			l.markLost("a renew returned false: the lease had ended on the server", nil)
+			return
+		}
+		if !l.extend(sent) {
+			l.markLost("the deadline passed while a renew was in flight", nil)
+			return
+		}
+		lastErr = nil
+		next = sent.add(l.interval)
+		if l.onRenew != nil {
+			l.onRenew(l)
+		}
+	}
+}
+
+// waitUntil sleeps until t on the lease clock. It looks at the clock first
+// on every wake, so after a pause (GC, SIGSTOP, a suspended VM) a passed
+// deadline is signalled at once and nothing is sent. It returns false when
+// the keepalive must end: stopped, or the lease lost.
+func (l *Lease) waitUntil(k *keepalive, t instant, lastErr error) bool {
+	for {
+		n := now()
+		deadline := l.currentDeadline()
+		if !n.before(deadline) {
+			l.markLost("its deadline passed before a renew succeeded", lastErr)
+			return false
+		}
+		if !n.before(t) {
+			return true
+		}
+		wait := t.sub(n)
+		if d := deadline.sub(n); d < wait {
+			wait = d
+		}
+		if wait > sliceWait {
+			wait = sliceWait
+		}
+		timer := time.NewTimer(wait)
+		select {
+		case <-k.stop:
+			timer.Stop()
+			return false
+		case <-timer.C:
+		}
+	}
+}
+
+// openKeepaliveConn opens the keepalive's connection, giving up at the
+// lease's deadline or when the keepalive is stopped.
+func (l *Lease) openKeepaliveConn(k *keepalive) (*pgx.Conn, func(), error) {
+	ctx, cancel := context.WithTimeout(k.force, l.currentDeadline().sub(now()))
+	defer cancel()
+	stopped := make(chan struct{})
+	defer close(stopped)
+	go func() {
+		select {
+		case <-k.stop:
+			cancel()
+		case <-stopped:
+		}
+	}()
+	return l.lk.src.open(ctx, true)
+}
