@@ -117,6 +117,38 @@ func TestSIGSTOPPastTheTTLSignalsLostWithinASecondOfSIGCONTAndTheGuardedWriteIsR
 	exec1(t, a, "SELECT fenced_lock_release('docs:202', $1)", token)
 }
 
+func TestAfterAPausePastTheDeadlineTheKeepaliveSignalsLostWithoutSendingARenew(t *testing.T) {
+	c := startHelper(t, "paused-holder", "FL_GO_HELPER_DSN="+dbDSN, "FL_GO_HELPER_NAME="+lockName(t, "l"))
+	if e := c.next(t, 20*time.Second); e.name() != "acquired" {
+		t.Fatalf("first line: %s", e.raw)
+	}
+	// stop it just after a renew, so that no renew is in flight
+	renewed, _ := c.until(t, "renewed", 10*time.Second)
+	c.signal(t, syscall.SIGSTOP)
+	time.Sleep(2500 * time.Millisecond) // ttl 1 s
+	cont := c.signal(t, syscall.SIGCONT)
+	lost, others := c.until(t, "lost", 10*time.Second)
+	if len(others) != 0 {
+		t.Fatalf("between the stop and the loss: %v", others)
+	}
+	t.Logf("lost %v after SIGCONT", lost.at.Sub(cont))
+	if lost.at.Sub(cont) > time.Second {
+		t.Fatalf("lost %v after SIGCONT", lost.at.Sub(cont))
+	}
+	if lost.int("written") != renewed.int("written") {
+		t.Fatalf("%d bytes were sent after the pause before the loss was signalled",
+			lost.int("written")-renewed.int("written"))
+	}
+	ended, _ := c.until(t, "ended", 10*time.Second)
+	// then only the Terminate (5 bytes) closing the keepalive's connection
+	if d := ended.int("written") - lost.int("written"); d > 5 {
+		t.Fatalf("%d bytes sent after the loss", d)
+	}
+	if _, code := c.rest(t, 10*time.Second); code != 3 {
+		t.Fatalf("helper exit %d", code)
+	}
+}
+
 func TestTerminatingTheKeepaliveConnectionMakesItReconnectAndRenewAndTheLeaseStaysLive(t *testing.T) {
 	ctx := testCtx(t, 60*time.Second)
 	a := admin(t)

@@ -49,6 +49,9 @@ func TestMain(m *testing.M) {
 }
 
 func runMain(m *testing.M) int {
+	if h := os.Getenv("FL_GO_HELPER"); h != "" {
+		return runHelper(h)
+	}
 	adminDSN = os.Getenv("FL_DSN")
 	if adminDSN == "" {
 		fmt.Fprintln(os.Stderr, "FL_DSN is not set: it names the server the suite runs against "+
@@ -237,21 +240,23 @@ func (cc *countingConn) Write(b []byte) (int, error) {
 	return n, err
 }
 
+func (c *counter) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	c.dials.Add(1)
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	return &countingConn{nc, c}, nil
+}
+
 func (c *counter) config(t *testing.T) *pgx.ConnConfig {
 	t.Helper()
 	cfg, err := pgx.ParseConfig(dbDSN)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c.dials.Add(1)
-		var d net.Dialer
-		nc, err := d.DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		return &countingConn{nc, c}, nil
-	}
+	cfg.DialFunc = c.dial
 	return cfg
 }
 
@@ -410,7 +415,18 @@ func (s *syncBuffer) String() string {
 
 func startExample(t *testing.T, env []string, args ...string) *child {
 	t.Helper()
-	c := &child{cmd: exec.Command(exampleBin, args...), lines: make(chan event, 1024), exited: make(chan struct{})}
+	return startProcess(t, exampleBin, env, args...)
+}
+
+// startHelper runs this test binary as one of the helpers of runHelper.
+func startHelper(t *testing.T, helper string, env ...string) *child {
+	t.Helper()
+	return startProcess(t, os.Args[0], append(env, "FL_GO_HELPER="+helper))
+}
+
+func startProcess(t *testing.T, path string, env []string, args ...string) *child {
+	t.Helper()
+	c := &child{cmd: exec.Command(path, args...), lines: make(chan event, 1024), exited: make(chan struct{})}
 	c.stderr.lines = make(chan string, 1024)
 	c.cmd.Env = append(os.Environ(), env...)
 	c.cmd.Stderr = &c.stderr
@@ -527,4 +543,53 @@ func (c *child) kill() {
 		}
 		children.Delete(c)
 	})
+}
+
+// runHelper runs the test binary as a child process doing one thing, for
+// the tests that must signal a process and look inside it at once.
+func runHelper(name string) int {
+	switch name {
+	case "paused-holder":
+		return pausedHolder(os.Getenv("FL_GO_HELPER_DSN"), os.Getenv("FL_GO_HELPER_NAME"))
+	}
+	fmt.Fprintln(os.Stderr, "unknown helper", name)
+	return 2
+}
+
+// pausedHolder holds a lease and prints, at each renew and at the loss, how
+// many bytes its connections have sent so far: the test stops it right
+// after a renew and compares.
+func pausedHolder(dsn, name string) int {
+	var cnt counter
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	cfg.DialFunc = cnt.dial
+	lk, err := fencedlock.NewFromConfig(cfg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	var mu sync.Mutex
+	say := func(ev string) {
+		mu.Lock()
+		defer mu.Unlock()
+		fmt.Printf("{\"event\":%q,\"written\":%d}\n", ev, cnt.written.Load())
+	}
+	ctx := context.Background()
+	lease, err := lk.Acquire(ctx, name, fencedlock.WithTTL(time.Second),
+		fencedlock.WithOnRenew(func(*fencedlock.Lease) { say("renewed") }),
+		fencedlock.WithOnLost(func(*fencedlock.Lease, error) { say("lost") }))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	say("acquired")
+	<-lease.Done()
+	time.Sleep(200 * time.Millisecond) // let the keepalive close its connection
+	say("ended")
+	_, _ = lease.Release(ctx)
+	return 3
 }
