@@ -62,3 +62,28 @@ fl_go_env() {
   export GOCACHE=${FL_GOCACHE:-$fl_go_build/cache} GOMODCACHE=$fl_go_build/modcache GOPATH=$fl_go_build/gopath
   export GOTOOLCHAIN=local
 }
+
+# fl_go_example: the path of the conformance examples' binary, built first
+# if a source changed since. `clients/run go ...` may run many at once:
+# one builds, the others wait for it.
+fl_go_example() {
+  local bin=$fl_go_build/bin/fenced-lock-example
+  if fl_go_example_stale "$bin"; then
+    mkdir -p "$fl_go_build/bin"
+    (
+      flock 9
+      if fl_go_example_stale "$bin"; then
+        fl_go_env
+        cd "$fl_go_here" && go build -trimpath -o "$bin.tmp" ./cmd/fenced-lock-example >&2
+        mv -f "$bin.tmp" "$bin"
+      fi
+    ) 9>"$fl_go_build/build.lock" || return 1
+  fi
+  echo "$bin"
+}
+
+fl_go_example_stale() {
+  [ ! -x "$1" ] && return 0
+  [ -n "$(find "$fl_go_here" \( -path "$fl_go_build" -o -path "$fl_go_here/tools" \) -prune -o \
+           \( -name '*.go' -o -name go.mod -o -name build-env.sh \) -newer "$1" -print -quit)" ]
+}

@@ -57,10 +57,10 @@ func (l *Lease) retryEvery() time.Duration {
 
 func (l *Lease) keepaliveLoop(k *keepalive) {
 	var conn *pgx.Conn
-	var handback func()
+	var handback giveBackFn
 	defer func() {
 		if handback != nil {
-			handback()
+			handback(k.force) // a Release that gives up cancels it: no waiting then
 		}
 		k.forceFn()
 		close(k.finished)
@@ -72,7 +72,7 @@ func (l *Lease) keepaliveLoop(k *keepalive) {
 	var lastErr error
 	for {
 		if conn != nil && conn.IsClosed() {
-			handback()
+			handback(k.force)
 			conn, handback = nil, nil
 		}
 		if conn == nil {
@@ -158,7 +158,7 @@ func (l *Lease) waitUntil(k *keepalive, t instant, lastErr error) bool {
 
 // openKeepaliveConn opens the keepalive's connection, giving up at the
 // lease's deadline or when the keepalive is stopped.
-func (l *Lease) openKeepaliveConn(k *keepalive) (*pgx.Conn, func(), error) {
+func (l *Lease) openKeepaliveConn(k *keepalive) (*pgx.Conn, giveBackFn, error) {
 	ctx, cancel := context.WithTimeout(k.force, l.currentDeadline().sub(now()))
 	defer cancel()
 	stopped := make(chan struct{})

@@ -149,6 +149,65 @@ func TestAfterAPausePastTheDeadlineTheKeepaliveSignalsLostWithoutSendingARenew(t
 	}
 }
 
+func TestWhenTheNetworkIsCutARenewThatGetsNoAnswerIsLostAtTheDeadlineNotLater(t *testing.T) {
+	ctx := testCtx(t, 30*time.Second)
+	a := admin(t)
+	link := startBlackhole(t)
+	const ttl = 1500 * time.Millisecond
+	renewedAt := make(chan time.Time, 64)
+	lostAt := make(chan time.Time, 1)
+	lease, err := newLockerDSN(t, link.dsn(t)).Acquire(ctx, lockName(t, "l"), fencedlock.WithTTL(ttl),
+		fencedlock.WithOnRenew(func(*fencedlock.Lease) { renewedAt <- time.Now() }),
+		fencedlock.WithOnLost(func(*fencedlock.Lease, error) { lostAt <- time.Now() }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var last time.Time
+	select {
+	case last = <-renewedAt:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no renew")
+	}
+	link.cut()
+	cutAt := time.Now()
+	// a renew that completed just before the cut moves the deadline
+	for drained := false; !drained; {
+		select {
+		case r := <-renewedAt:
+			last = r
+		default:
+			drained = true
+		}
+	}
+	select {
+	case at := <-lostAt:
+		// the deadline is the last successful renew's sending plus the
+		// ttl: a little before last+ttl, never after; 1 s of slack for a
+		// loaded machine
+		d := at.Sub(last)
+		t.Logf("cut %v after the last renew; lost %v after it (ttl %v)", cutAt.Sub(last), d, ttl)
+		if d < ttl-300*time.Millisecond || d > ttl+time.Second {
+			t.Fatalf("lost %v after the last renew, want about the ttl %v", d, ttl)
+		}
+	case <-time.After(ttl + 5*time.Second):
+		t.Fatal("never signalled lost while every renew went unanswered")
+	}
+	var le *fencedlock.LostError
+	if !errors.As(lease.Err(), &le) || !strings.Contains(le.Reason, "deadline") {
+		t.Fatalf("lost for another reason: %v", lease.Err())
+	}
+	// the server never heard of it: its lease is still live a little longer
+	// (the client's deadline comes first), and then it expires on its own
+	eventually(t, 2*ttl, "the server's lease expired", func() bool { return !live(t, a, lease.Name(), lease.Token()) })
+	start := time.Now()
+	if ok, err := lease.Release(ctx); ok || err != nil {
+		t.Fatalf("release of the lost lease: %v %v", ok, err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("release of a lost lease took %v with the network cut", d)
+	}
+}
+
 func TestTerminatingTheKeepaliveConnectionMakesItReconnectAndRenewAndTheLeaseStaysLive(t *testing.T) {
 	ctx := testCtx(t, 60*time.Second)
 	a := admin(t)

@@ -40,7 +40,7 @@ type Lease struct {
 	onLost       func(*Lease, error)
 
 	conn     *pgx.Conn
-	handback func() // nil when the caller passed the connection
+	handback giveBackFn // nil when the caller passed the connection
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -54,7 +54,7 @@ type Lease struct {
 	ka         *keepalive
 }
 
-func newLease(lk *Locker, s settings, name string, token int64, conn *pgx.Conn, handback func(), parent context.Context) *Lease {
+func newLease(lk *Locker, s settings, name string, token int64, conn *pgx.Conn, handback giveBackFn, parent context.Context) *Lease {
 	ctx, cancel := context.WithCancel(parent)
 	return &Lease{
 		lk: lk, name: name, token: token, ttl: s.ttl, holder: s.holder, sessionBound: s.sessionBound,
@@ -295,7 +295,7 @@ func (l *Lease) sendRelease(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, Wrap(err)
 	}
-	defer handback()
+	defer handback(ctx)
 	var ok bool
 	err = fresh.QueryRow(ctx, sql, l.name, l.token).Scan(&ok)
 	return ok, Wrap(err)
@@ -313,7 +313,7 @@ func (l *Lease) giveBack(force bool) {
 		return
 	}
 	l.handedBack = true
-	l.handback()
+	l.handback(context.Background())
 }
 
 // drop ends a lease that a write found lost (FL001) without releasing it.

@@ -30,8 +30,12 @@ type Locker struct {
 // source opens the connections of a lease: the lease's own (when the
 // caller passes none) and the keepalive's.
 type source interface {
-	open(ctx context.Context, keepalive bool) (*pgx.Conn, func(), error)
+	open(ctx context.Context, keepalive bool) (*pgx.Conn, giveBackFn, error)
 }
+
+// giveBackFn gives a connection back to where it came from: closes it, or
+// returns it to its pool. ctx bounds the wait for the server's goodbye.
+type giveBackFn func(ctx context.Context)
 
 // New makes a locker that opens connections from a postgresql:// URL or a
 // key=value connection string.
@@ -161,7 +165,7 @@ func (lk *Locker) acquire(ctx context.Context, leaseParent context.Context, name
 		return nil, cerr
 	}
 	var conn *pgx.Conn
-	var handback func()
+	var handback giveBackFn
 	if s.connSet {
 		conn = s.conn
 		if conn.IsClosed() {
@@ -210,13 +214,13 @@ func (lk *Locker) acquire(ctx context.Context, leaseParent context.Context, name
 	took := now().sub(sent)
 	if err != nil {
 		if handback != nil {
-			handback()
+			handback(context.Background())
 		}
 		return nil, Wrap(err)
 	}
 	if token == nil {
 		if handback != nil {
-			handback()
+			handback(context.Background())
 		}
 		return nil, nil
 	}
@@ -245,7 +249,7 @@ func (lk *Locker) acquire(ctx context.Context, leaseParent context.Context, name
 // configSource opens connections from a pgx config.
 type configSource struct{ cfg *pgx.ConnConfig }
 
-func (c *configSource) open(ctx context.Context, keepalive bool) (*pgx.Conn, func(), error) {
+func (c *configSource) open(ctx context.Context, keepalive bool) (*pgx.Conn, giveBackFn, error) {
 	cfg := c.cfg.Copy()
 	if keepalive {
 		// Set in the startup packet: no round trip, and no session state for
@@ -259,7 +263,16 @@ func (c *configSource) open(ctx context.Context, keepalive bool) (*pgx.Conn, fun
 	if err != nil {
 		return nil, nil, err
 	}
-	return conn, func() { closeConn(conn) }, nil
+	return conn, closer(conn, keepalive), nil
+}
+
+// closer: a keepalive's connection is closed waiting for the server's end
+// (closeConn); a lease's is closed at once, never blocking a Release.
+func closer(conn *pgx.Conn, keepalive bool) giveBackFn {
+	if keepalive {
+		return func(ctx context.Context) { closeConn(ctx, conn) }
+	}
+	return func(ctx context.Context) { _ = conn.Close(ctx) }
 }
 
 // funcSource opens connections with the caller's function.
@@ -268,7 +281,7 @@ type funcSource struct {
 	setAppName bool
 }
 
-func (f *funcSource) open(ctx context.Context, keepalive bool) (*pgx.Conn, func(), error) {
+func (f *funcSource) open(ctx context.Context, keepalive bool) (*pgx.Conn, giveBackFn, error) {
 	conn, err := f.connect(ctx)
 	if err != nil {
 		return nil, nil, err
@@ -278,11 +291,11 @@ func (f *funcSource) open(ctx context.Context, keepalive bool) (*pgx.Conn, func(
 	}
 	if keepalive && f.setAppName {
 		if _, err := conn.Exec(ctx, "SET application_name = '"+KeepaliveApplicationName+"'"); err != nil {
-			closeConn(conn)
+			closeConn(ctx, conn)
 			return nil, nil, err
 		}
 	}
-	return conn, func() { closeConn(conn) }, nil
+	return conn, closer(conn, keepalive), nil
 }
 
 // poolSource takes connections from a pgxpool.Pool.
@@ -291,7 +304,7 @@ type poolSource struct {
 	setAppName bool
 }
 
-func (p *poolSource) open(ctx context.Context, keepalive bool) (*pgx.Conn, func(), error) {
+func (p *poolSource) open(ctx context.Context, keepalive bool) (*pgx.Conn, giveBackFn, error) {
 	pc, err := p.pool.Acquire(ctx)
 	if err != nil {
 		return nil, nil, err
@@ -305,9 +318,9 @@ func (p *poolSource) open(ctx context.Context, keepalive bool) (*pgx.Conn, func(
 		}
 		named = true
 	}
-	return conn, func() {
+	return conn, func(ctx context.Context) {
 		if named && !conn.IsClosed() && conn.PgConn().TxStatus() == 'I' {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			if _, err := conn.Exec(ctx, "RESET application_name"); err != nil {
 				// a connection that cannot say RESET is not given back as it is
 				_ = conn.PgConn().Close(ctx)
@@ -324,11 +337,11 @@ func (p *poolSource) open(ctx context.Context, keepalive bool) (*pgx.Conn, func(
 // socket, so once this returns a DBA (or a test) no longer sees it: "the
 // keepalive connection is closed before release returns" holds on the
 // server too, not only in this process.
-func closeConn(conn *pgx.Conn) {
+func closeConn(ctx context.Context, conn *pgx.Conn) {
 	if conn.IsClosed() {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	hc, err := conn.PgConn().Hijack()
 	if err != nil { // busy or closed: pgx's own close
@@ -337,7 +350,17 @@ func closeConn(conn *pgx.Conn) {
 	}
 	nc := hc.Conn
 	defer nc.Close()
-	_ = nc.SetDeadline(time.Now().Add(5 * time.Second))
+	deadline, _ := ctx.Deadline()
+	_ = nc.SetDeadline(deadline)
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() { // ctx ended early (a Release that gave up): stop waiting
+		select {
+		case <-ctx.Done():
+			_ = nc.SetDeadline(time.Now())
+		case <-stop:
+		}
+	}()
 	if _, err := nc.Write([]byte{'X', 0, 0, 0, 4}); err != nil { // Terminate
 		return
 	}
