@@ -45,6 +45,23 @@ func (l *Lease) startKeepalive() {
 	go l.keepaliveLoop(k)
 }
 
+// attemptTimeout bounds one renew. A connection can die silently (a cut
+// that sends no reset, a half-open socket behind a NAT): a renew on it
+// never returns, while a new connection would work. So a renew gets
+// max(interval, 1 s); then pgx cancels it and closes the connection, and
+// the next attempt goes on a new one. Never past the deadline: a renew
+// that returns after it is of no use, the lease counts as lost then.
+func (l *Lease) attemptTimeout(sent instant) time.Duration {
+	d := l.interval
+	if d < time.Second {
+		d = time.Second
+	}
+	if left := l.currentDeadline().sub(sent); left < d {
+		d = left
+	}
+	return d
+}
+
 // retryEvery is how soon a renew that failed for an error (the connection
 // broke, the server refused) is tried again, on a new connection if the
 // old one is gone.
@@ -96,9 +113,7 @@ func (l *Lease) keepaliveLoop(k *keepalive) {
 		}
 
 		sent := now()
-		// A renew that has not returned by the deadline is of no use: the
-		// lease counts as lost then, whatever it answers later.
-		ctx, cancel := context.WithTimeout(k.force, l.currentDeadline().sub(sent))
+		ctx, cancel := context.WithTimeout(k.force, l.attemptTimeout(sent))
 		ok, err := l.renewOn(ctx, conn)
 		cancel()
 		if err != nil {

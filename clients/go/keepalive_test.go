@@ -208,6 +208,60 @@ func TestWhenTheNetworkIsCutARenewThatGetsNoAnswerIsLostAtTheDeadlineNotLater(t 
 	}
 }
 
+func TestARenewHangingOnASilentlyDeadConnectionIsRetriedOnANewOneAndTheLeaseStaysLive(t *testing.T) {
+	ctx := testCtx(t, 30*time.Second)
+	a := admin(t)
+	link := startBlackhole(t)
+	const ttl = 4 * time.Second
+	renewedAt := make(chan time.Time, 64)
+	// the lease on a direct connection; the keepalive through the proxy
+	lease, err := newLockerDSN(t, link.dsn(t)).Acquire(ctx, lockName(t, "l"), fencedlock.WithTTL(ttl),
+		fencedlock.WithConn(admin(t)),
+		fencedlock.WithOnRenew(func(*fencedlock.Lease) { renewedAt <- time.Now() }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(ctx)
+	var pids []int32
+	eventually(t, 10*time.Second, "a keepalive connection", func() bool {
+		pids = keepalivePIDs(t, a)
+		return len(pids) == 1
+	})
+	select {
+	case <-renewedAt:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no renew")
+	}
+	link.cutExisting()
+	cutAt := time.Now()
+	// the next renew hangs; it is given up after max(interval, 1 s) and
+	// sent again on a new connection, well before the deadline
+	var again time.Time
+	for again.IsZero() {
+		select {
+		case r := <-renewedAt:
+			if r.After(cutAt) {
+				again = r
+			}
+		case <-time.After(ttl):
+			t.Fatalf("no renew within the ttl after the cut: %v", lease.Err())
+		}
+	}
+	t.Logf("renewed on a new connection %v after the cut (interval %v)", again.Sub(cutAt), lease.KeepaliveInterval())
+	time.Sleep(ttl) // past the deadline the dead connection's renew would have left
+	select {
+	case <-lease.Done():
+		t.Fatalf("lost: %v", lease.Err())
+	default:
+	}
+	if !live(t, a, lease.Name(), lease.Token()) {
+		t.Fatal("not live on the server")
+	}
+	if ok, err := lease.Release(ctx); !ok || err != nil {
+		t.Fatalf("release: %v %v", ok, err)
+	}
+}
+
 func TestTerminatingTheKeepaliveConnectionMakesItReconnectAndRenewAndTheLeaseStaysLive(t *testing.T) {
 	ctx := testCtx(t, 60*time.Second)
 	a := admin(t)
@@ -349,8 +403,10 @@ func TestReleaseWaitsForARenewInFlightAndSendsTheReleaseOnlyAfterIt(t *testing.T
 	a := admin(t)
 	const ttl = 6 * time.Second
 	var renewals atomic.Int64
+	// an interval of 2 s gives the renew that long before it is given up
+	// (max(interval, 1 s)): longer than this test keeps it waiting
 	lease, err := newLocker(t).Acquire(ctx, lockName(t, "l"), fencedlock.WithTTL(ttl),
-		fencedlock.WithKeepaliveInterval(time.Second),
+		fencedlock.WithKeepaliveInterval(2*time.Second),
 		fencedlock.WithOnRenew(func(*fencedlock.Lease) { renewals.Add(1) }))
 	if err != nil {
 		t.Fatal(err)

@@ -609,6 +609,7 @@ type blackhole struct {
 	cutAt  atomic.Bool
 	mu     sync.Mutex
 	conns  []net.Conn
+	dead   map[net.Conn]bool // cutExisting: these drop everything
 }
 
 func startBlackhole(t *testing.T) *blackhole {
@@ -660,7 +661,10 @@ func (b *blackhole) pipe(from, to net.Conn) {
 			to.Close()
 			return
 		}
-		if b.cutAt.Load() {
+		b.mu.Lock()
+		dead := b.dead[from] || b.dead[to]
+		b.mu.Unlock()
+		if dead || b.cutAt.Load() {
 			continue
 		}
 		if _, err := to.Write(buf[:n]); err != nil {
@@ -670,6 +674,18 @@ func (b *blackhole) pipe(from, to net.Conn) {
 }
 
 func (b *blackhole) cut() { b.cutAt.Store(true) }
+
+// cutExisting makes the connections open now die silently; new ones work.
+func (b *blackhole) cutExisting() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.dead == nil {
+		b.dead = map[net.Conn]bool{}
+	}
+	for _, c := range b.conns {
+		b.dead[c] = true
+	}
+}
 
 func (b *blackhole) close() {
 	b.ln.Close()
