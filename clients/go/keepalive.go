@@ -118,8 +118,14 @@ func (l *Lease) keepaliveLoop(k *keepalive) {
 		cancel()
 		if err != nil {
 			// Never stop renewing because of one error: try again soon, on
-			// a new connection if this one broke, until the deadline.
+			// a new connection, until the deadline. Not only a broken
+			// connection is left behind: a session that refuses the renew
+			// (a pooler's server connection without the statement pgx
+			// prepared, a setting gone wrong) may refuse it again.
 			lastErr = Wrap(err)
+			_ = conn.Close(k.force) // closed, a pooled connection is destroyed, not reused
+			handback(k.force)
+			conn, handback = nil, nil
 			next = sent.add(l.retryEvery())
 			continue
 		}

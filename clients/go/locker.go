@@ -64,7 +64,7 @@ func NewFromConfig(cfg *pgx.ConnConfig, opts ...Option) (*Locker, error) {
 		// connection: named prepared statements would not be there.
 		c.PreferSimpleProtocol = true
 	}
-	lk.src = &configSource{cfg: c}
+	lk.src = &configSource{cfg: c, setAppName: !lk.base.txPooling}
 	return lk, nil
 }
 
@@ -247,11 +247,19 @@ func (lk *Locker) acquire(ctx context.Context, leaseParent context.Context, name
 }
 
 // configSource opens connections from a pgx config.
-type configSource struct{ cfg *pgx.ConnConfig }
+//
+// Behind a transaction pooler (setAppName false) a keepalive is not named:
+// the server session is shared, PgBouncer passes a client's
+// application_name on to it, and the next client that sets none would
+// show up as a keepalive.
+type configSource struct {
+	cfg        *pgx.ConnConfig
+	setAppName bool
+}
 
 func (c *configSource) open(ctx context.Context, keepalive bool) (*pgx.Conn, giveBackFn, error) {
 	cfg := c.cfg.Copy()
-	if keepalive {
+	if keepalive && c.setAppName {
 		// Set in the startup packet: no round trip, and no session state for
 		// a pooler to leak.
 		if cfg.RuntimeParams == nil {
