@@ -58,6 +58,25 @@ func TestKeepaliveKeepsACriticalSectionOfThreeTTLsAlive(t *testing.T) {
 	}
 }
 
+func TestAProcessBusyOnItsOnlyProcessorStillRenewsItsLease(t *testing.T) {
+	c := startHelper(t, "busy-holder", "GOMAXPROCS=1", "FL_GO_HELPER_DSN="+dbDSN, "FL_GO_HELPER_NAME="+lockName(t, "l"))
+	busy := c.next(t, 30*time.Second)
+	if busy.name() != "busy" {
+		t.Fatalf("got %s", busy.raw)
+	}
+	t.Logf("%d renewals in 3 ttls with the only processor busy", busy.int("renewals"))
+	if busy.m["lost"] != false {
+		t.Fatalf("lost while busy: %s", busy.raw)
+	}
+	// about 9 are due (every ttl/3); 5 still means renewals all along
+	if busy.int("renewals") < 5 {
+		t.Fatalf("only %d renewals: the keepalive was starved", busy.int("renewals"))
+	}
+	if _, code := c.rest(t, 10*time.Second); code != 0 {
+		t.Fatalf("helper exit %d", code)
+	}
+}
+
 func TestSIGSTOPPastTheTTLSignalsLostWithinASecondOfSIGCONTAndTheGuardedWriteIsRefused(t *testing.T) {
 	ctx := testCtx(t, 60*time.Second)
 	a := admin(t)

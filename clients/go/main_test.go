@@ -556,6 +556,8 @@ func runHelper(name string) int {
 	switch name {
 	case "paused-holder":
 		return pausedHolder(os.Getenv("FL_GO_HELPER_DSN"), os.Getenv("FL_GO_HELPER_NAME"))
+	case "busy-holder":
+		return busyHolder(os.Getenv("FL_GO_HELPER_DSN"), os.Getenv("FL_GO_HELPER_NAME"))
 	}
 	fmt.Fprintln(os.Stderr, "unknown helper", name)
 	return 2
@@ -704,4 +706,46 @@ func (b *blackhole) dsn(t *testing.T) string {
 	}
 	u.Host = b.ln.Addr().String()
 	return u.String()
+}
+
+// busyHolder holds a lease while keeping its only processor busy (the test
+// runs it with GOMAXPROCS=1) for three ttls, in loops that make no call for
+// longer than the ttl, then says how many renews went through meanwhile and
+// whether it was lost. The keepalive runs because Go preempts the loop
+// (with GODEBUG=asyncpreemptoff=1 the lease is lost: the stalled watchdog).
+func busyHolder(dsn, name string) int {
+	lk, err := fencedlock.New(dsn)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	var renewals atomic.Int64
+	ctx := context.Background()
+	const ttl = time.Second
+	lease, err := lk.Acquire(ctx, name, fencedlock.WithTTL(ttl),
+		fencedlock.WithOnRenew(func(*fencedlock.Lease) { renewals.Add(1) }))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	start := time.Now()
+	x := uint64(1)
+	for time.Since(start) < 3*ttl {
+		for i := 0; i < 1_000_000_000; i++ { // over a second with no call: only preemption lets others run
+			x = x*6364136223846793005 + 1442695040888963407
+		}
+	}
+	lost := false
+	select {
+	case <-lease.Done():
+		lost = true
+	default:
+	}
+	fmt.Printf("{\"event\":\"busy\",\"renewals\":%d,\"lost\":%v,\"x\":%d}\n", renewals.Load(), lost, x%2)
+	ok, err := lease.Release(ctx)
+	if err != nil || !ok {
+		fmt.Fprintln(os.Stderr, "release:", ok, err)
+		return 1
+	}
+	return 0
 }
