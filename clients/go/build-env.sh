@@ -61,6 +61,8 @@ fl_go_env() {
   export GO111MODULE=on GOPROXY=off GOSUMDB=off GONOSUMDB='*' GOFLAGS="-mod=mod -modfile=$fl_go_build/go.mod"
   export GOCACHE=${FL_GOCACHE:-$fl_go_build/cache} GOMODCACHE=$fl_go_build/modcache GOPATH=$fl_go_build/gopath
   export GOTOOLCHAIN=local
+  # no user config (GOENV), no C compiler needed (CGO_ENABLED)
+  export GOENV=off CGO_ENABLED=0
 }
 
 # fl_go_example: the path of the conformance examples' binary, built first
