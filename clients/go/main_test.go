@@ -152,27 +152,7 @@ func tearDown() {
 }
 
 // atLeast reports whether the server's extension is version v or later.
-func atLeast(v string) bool {
-	parse := func(s string) []int {
-		var out []int
-		for _, p := range strings.Split(s, ".") {
-			n, _ := strconv.Atoi(p)
-			out = append(out, n)
-		}
-		return out
-	}
-	a, b := parse(extVersion), parse(v)
-	for i := 0; i < len(b); i++ {
-		x := 0
-		if i < len(a) {
-			x = a[i]
-		}
-		if x != b[i] {
-			return x > b[i]
-		}
-	}
-	return true
-}
+func atLeast(v string) bool { return compareVersions(extVersion, v) >= 0 }
 
 func needVersion(t *testing.T, v, what string) {
 	t.Helper()
