@@ -63,8 +63,8 @@ func (l *Lease) attemptTimeout(sent instant) time.Duration {
 }
 
 // retryEvery is how soon a renew that failed for an error (the connection
-// broke, the server refused) is tried again, on a new connection if the
-// old one is gone.
+// broke, the server refused, no answer in time) is tried again, on a new
+// connection: min(interval, 1 s).
 func (l *Lease) retryEvery() time.Duration {
 	if l.interval < time.Second {
 		return l.interval
