@@ -72,12 +72,16 @@ func runMain(m *testing.M) int {
 	}
 	defer tearDown()
 
-	dir, err := os.MkdirTemp("", "fl_client_go_bin")
+	// in the build directory, not a temporary one: a panicking test ends
+	// the process without running deferred clean-ups
+	dir, err := filepath.Abs(filepath.Join(".build", "test-bin"))
+	if err == nil {
+		err = os.MkdirAll(dir, 0o755)
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	defer os.RemoveAll(dir)
 	exampleBin = filepath.Join(dir, "fenced-lock-example")
 	build := exec.Command("go", "build", "-o", exampleBin, "./cmd/fenced-lock-example")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
