@@ -434,8 +434,18 @@ export class Lease extends EventEmitter<LeaseEvents> implements AsyncDisposable 
             // A failed transaction can only roll back; the release cannot be part of it.
             await conn.client.query('ROLLBACK');
           }
-          const r = await conn.client.query<{ released: boolean }>(this.#sql.release, [this.name, this.#tokenText]);
-          return r.rows[0]?.released === true;
+          try {
+            const r = await conn.client.query<{ released: boolean }>(this.#sql.release, [this.name, this.#tokenText]);
+            return r.rows[0]?.released === true;
+          } catch (err) {
+            // node-postgres learns that a transaction failed only from the
+            // next ReadyForQuery, after the failed query's promise was
+            // rejected: the status read above may still have said 'T'.
+            if (sqlstateOf(err) !== '25P02') throw err;
+            await conn.client.query('ROLLBACK');
+            const r = await conn.client.query<{ released: boolean }>(this.#sql.release, [this.name, this.#tokenText]);
+            return r.rows[0]?.released === true;
+          }
         } catch (err) {
           if (sqlstateOf(err) !== undefined && !conn.dead) throw mapError(err);
           // The connection broke under the release: sent again below, on a
