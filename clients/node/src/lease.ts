@@ -50,6 +50,16 @@ export interface LeaseInit {
 
 type State = 'live' | 'lost' | 'released' | 'abandoned';
 
+let rollbackOwnedImpl: (lease: Lease) => Promise<boolean>;
+
+/**
+ * @internal For withLock: rolls back a transaction the work left open on a
+ * connection of the locker (true if there was one).
+ */
+export function rollbackOwned(lease: Lease): Promise<boolean> {
+  return rollbackOwnedImpl(lease);
+}
+
 /** node-postgres' transaction status of a client: 'I' idle, 'T' in a transaction, 'E' in a failed one. */
 export function txStatus(client: ClientBase): 'I' | 'T' | 'E' | null {
   const c = client as unknown as { getTransactionStatus?: () => 'I' | 'T' | 'E' | null; _txStatus?: 'I' | 'T' | 'E' | null };
@@ -232,9 +242,38 @@ export class Lease extends EventEmitter<LeaseEvents> implements AsyncDisposable 
     await this.#ending;
   }
 
-  /** `await using lease = await locker.acquire(...)`: released at the end of the block, unless lost. */
+  /**
+   * `await using lease = await locker.acquire(...)`: released at the end of
+   * the block, unless lost. A transaction left open on a connection of the
+   * locker is rolled back first: nobody can commit it after the block, and
+   * the release must not wait inside it. (On the caller's own connection the
+   * release joins the caller's transaction, as `release()` does.)
+   */
   async [Symbol.asyncDispose](): Promise<void> {
+    if (this.#ending) {
+      await this.#ending.catch(() => undefined);
+      return;
+    }
+    await this.#rollbackOwned();
     await this.release();
+  }
+
+  static {
+    rollbackOwnedImpl = (lease) => lease.#rollbackOwned();
+  }
+
+  /** Rolls back a transaction open on a connection of the locker; true if there was one. */
+  async #rollbackOwned(): Promise<boolean> {
+    if (!this.#owned || this.#conn.dead || this.#ending) return false;
+    const st = txStatus(this.#conn.client);
+    if (st !== 'T' && st !== 'E') return false;
+    try {
+      await this.#conn.client.query('ROLLBACK');
+    } catch {
+      // A connection that cannot roll back is not given back to the pool.
+      await this.#conn.close(true);
+    }
+    return true;
   }
 
   // ---- keepalive ---------------------------------------------------------

@@ -13,7 +13,7 @@ import {
   invalid,
 } from './args';
 import { StaleTokenError, UsageError, isStaleToken, mapError } from './errors';
-import { Lease, LeaseSql, now, txStatus } from './lease';
+import { Lease, LeaseSql, now, rollbackOwned, txStatus } from './lease';
 import { Conn, LockerSource, Source, borrow, makeSource } from './source';
 
 /**
@@ -109,11 +109,22 @@ export class Locker {
           continue;
         }
         try {
+          // A transaction the work left open on the locker's connection
+          // cannot be committed by anyone now, and would keep the release
+          // (and the name) inside it.
+          await rollbackOwned(lease);
           await lease.release();
         } catch {
           // The work's error is the one the caller needs to see.
         }
         throw err;
+      }
+      if (await rollbackOwned(lease)) {
+        await lease.release();
+        throw new UsageError(
+          'withLock: fn returned with a transaction still open on the lease connection; it was rolled back. ' +
+            'Commit inside fn, or pass your own connection as options.client to commit after withLock returns',
+        );
       }
       await lease.release();
       return result;

@@ -185,6 +185,61 @@ describe('keepalive', () => {
     assert.equal(await lease.release(), false);
   });
 
+  test('a renew that hangs does not hold up the lost signal: lost at the deadline', { timeout: 20_000 }, async () => {
+    const name = uniqueName('hung-renew');
+    const lease = await locker.acquire(name, { ttl: 1500 });
+    const seen = watch(lease);
+    await waitFor('a first renew', 5000, () => seen.renewed.length > 0);
+    const lastRenew = seen.renewed[seen.renewed.length - 1]!;
+    // Another transaction asserts the lease: the next renew waits on the
+    // server for longer than the ttl.
+    const blocker = await connect();
+    try {
+      await blocker.query('BEGIN');
+      await blocker.query('SELECT fenced_lock_assert($1, $2::bigint)', [name, lease.token.toString()]);
+      await waitFor('lost', 5000, () => seen.lost.length > 0);
+      const at = seen.lost[0]!.at - lastRenew;
+      console.log(`hung renew: lost ${at.toFixed(0)} ms after the last renew returned (ttl 1500 ms)`);
+      assert.equal(seen.lost[0]!.reason.reason, 'deadline');
+      // The deadline counts from the last renew's send, before it returned.
+      assert.ok(at <= 1500 + 250, `lost ${at.toFixed(0)} ms after the last renew`);
+      await blocker.query('COMMIT');
+    } finally {
+      await blocker.end();
+    }
+    assert.equal(await lease.release(), false);
+    assert.equal(seen.lost.length, 1);
+  });
+
+  test('keepalive connections that keep failing: retried every min(interval, 1 s), lost at the deadline', { timeout: 20_000 }, async () => {
+    let keepaliveOpens = 0;
+    const failing = new Locker(async (purpose) => {
+      if (purpose === 'keepalive') {
+        keepaliveOpens++;
+        throw new Error('connection refused (simulated)');
+      }
+      return connect();
+    });
+    const name = uniqueName('ka-failing');
+    const lease = await failing.acquire(name, { ttl: 2400, keepaliveInterval: 300 });
+    const seen = watch(lease);
+    const start = performance.now();
+    try {
+      await waitFor('lost', 5000, () => seen.lost.length > 0);
+      const at = seen.lost[0]!.at - start;
+      console.log(`keepalive failing: ${keepaliveOpens} connection attempts, lost after ${at.toFixed(0)} ms (ttl 2400 ms)`);
+      assert.equal(seen.lost[0]!.reason.reason, 'deadline');
+      assert.ok(at <= 2400 + 250);
+      // The eager open, then one per retry (every 300 ms) until the deadline:
+      // about 8; fewer than 4 would mean the retries stopped.
+      assert.ok(keepaliveOpens >= 4, `${keepaliveOpens} attempts`);
+      assert.equal(seen.errors.length, keepaliveOpens);
+    } finally {
+      assert.equal(await lease.release(), false, 'a lost lease is not released');
+      await admin.query('SELECT fenced_lock_force_release($1)', [name]);
+    }
+  });
+
   test('without keepalive the lease is lost at its deadline, with nothing sent', { timeout: 20_000 }, async () => {
     const name = uniqueName('no-keepalive');
     const lease = await locker.acquire(name, { ttl: 600, keepalive: false });

@@ -219,6 +219,29 @@ describe('the scoped form', () => {
     assert.deepEqual(h.rows.map((r) => r.ended_by), ['release']);
   });
 
+  test("a transaction left open on the locker's connection is rolled back at the end of the block, then released", { timeout: 20_000 }, async () => {
+    const id = nextRow();
+    const name = `row:${id}`;
+    await resetRow(admin, 'UPDATE fenced SET fence_token = NULL WHERE id = $1', [id]);
+    let token = 0n;
+    await assert.rejects(
+      (async () => {
+        await using lease = await locker.acquire(name, { ttl: 5000 });
+        token = lease.token;
+        await lease.client.query('BEGIN');
+        await lease.client.query('UPDATE fenced SET fence_token = $1 WHERE id = $2', [token.toString(), id]);
+        throw new Error('failed between the write and the commit');
+      })(),
+      /between the write/,
+    );
+    assert.equal(await validate(admin, name, token), false, 'released, and committed');
+    const row = await admin.query('SELECT fence_token FROM fenced WHERE id = $1', [id]);
+    assert.equal(row.rows[0].fence_token, null, 'the uncommitted write was rolled back');
+    const next = await locker.tryAcquire(name, { ttl: 2000 });
+    assert.ok(next, 'the name is free at once');
+    assert.equal(await next.release(), true);
+  });
+
   test('a lost lease is not released at the end of the block', { timeout: 20_000 }, async () => {
     const s = spy();
     const client = s.watch(await connect());

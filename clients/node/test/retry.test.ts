@@ -3,7 +3,7 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import type pg from 'pg';
-import { Lease, LeaseLostError, Locker, StaleTokenError } from 'fenced-lock';
+import { Lease, LeaseLostError, Locker, StaleTokenError, UsageError } from 'fenced-lock';
 import { DB, Example, connect, dsn, ensureDatabase, killChildren, resetRow, rowIds, sleep, uniqueName, validate, waitFor } from './support';
 
 const nextRow = rowIds(200);
@@ -166,6 +166,28 @@ describe('the retry helper', () => {
     assert.equal(await validate(admin, name, token), false);
     const h = await admin.query('SELECT ended_by FROM fenced_lock_history WHERE name = $1', [name]);
     assert.deepEqual(h.rows.map((r) => r.ended_by), ['release']);
+  });
+
+  test("fn leaving a transaction open on the locker's connection: rolled back and released; returning so is a usage error", { timeout: 20_000 }, async () => {
+    const id = nextRow();
+    const name = `row:${id}`;
+    await resetRow(admin, 'UPDATE fenced SET fence_token = NULL WHERE id = $1', [id]);
+    const write = async (lease: Lease) => {
+      await lease.client.query('BEGIN');
+      await lease.client.query('UPDATE fenced SET fence_token = $1 WHERE id = $2', [lease.token.toString(), id]);
+    };
+    await assert.rejects(
+      locker.withLock(name, async (lease) => {
+        await write(lease);
+        throw new Error('failed before the commit');
+      }),
+      /before the commit/,
+    );
+    await assert.rejects(locker.withLock(name, write), UsageError);
+    const row = await admin.query('SELECT fence_token FROM fenced WHERE id = $1', [id]);
+    assert.equal(row.rows[0].fence_token, null, 'neither uncommitted write was kept');
+    const h = await admin.query('SELECT ended_by FROM fenced_lock_history WHERE name = $1', [name]);
+    assert.deepEqual(h.rows.map((r) => r.ended_by), ['release', 'release']);
   });
 
   test('returns what fn returned, and the lease was released', { timeout: 20_000 }, async () => {
