@@ -14,4 +14,4 @@ trap 'node build/test/db.js teardown || true' EXIT
 # database and must see only their own connections. Every test has its own
 # timeout, --test-timeout bounds a file that hangs, and --test-force-exit ends
 # a file whose failed test left a lease (and its keepalive) behind.
-node --test --test-concurrency=1 --test-timeout=120000 --test-force-exit build/test/*.test.js
+node --test --test-reporter=spec --test-concurrency=1 --test-timeout=120000 --test-force-exit build/test/*.test.js

@@ -106,6 +106,8 @@ export class Lease extends EventEmitter<LeaseEvents> implements AsyncDisposable 
   #kicked = false;
   #wake: (() => void) | null = null;
   #ka: Conn | null = null;
+  /** The keepalive connection being cut after a loss. */
+  #kaClosing: Promise<void> = Promise.resolve();
   #loop: Promise<void> = Promise.resolve();
   #ending: Promise<boolean> | null = null;
 
@@ -419,7 +421,7 @@ export class Lease extends EventEmitter<LeaseEvents> implements AsyncDisposable 
     // The keepalive stops: its connection is cut (a renew hanging on it ends now).
     const ka = this.#ka;
     this.#ka = null;
-    if (ka) void ka.close(true);
+    if (ka) this.#kaClosing = ka.close(true);
     const err = new LeaseLostError(this.name, this.token, reason);
     this.#controller.abort(err);
     this.#emitSafely('lost', err);
@@ -451,6 +453,7 @@ export class Lease extends EventEmitter<LeaseEvents> implements AsyncDisposable 
     const ka = this.#ka;
     this.#ka = null;
     if (ka) await ka.close();
+    await this.#kaClosing;
     clearTimeout(this.#deadlineTimer);
   }
 

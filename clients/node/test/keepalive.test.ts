@@ -185,6 +185,30 @@ describe('keepalive', () => {
     assert.equal(await lease.release(), false);
   });
 
+  test('an event loop blocked past the ttl: lost as soon as it runs again, by the clock, with no renew sent first', { timeout: 20_000 }, async () => {
+    const name = uniqueName('blocked-loop');
+    const lease = await locker.acquire(name, { ttl: 800 });
+    const seen = watch(lease);
+    await waitFor('a first renew', 5000, () => seen.renewed.length > 0);
+    const renewals = seen.renewed.length;
+    // The work hogs the thread (a long synchronous step, a stalled event
+    // loop): no timer can run for longer than the ttl.
+    const until = performance.now() + 1300;
+    while (performance.now() < until) {
+      /* busy */
+    }
+    const unblocked = performance.now();
+    await waitFor('lost', 2000, () => seen.lost.length > 0, 1);
+    const after = seen.lost[0]!.at - unblocked;
+    console.log(`event loop blocked 1300 ms (ttl 800 ms): lost ${after.toFixed(1)} ms after it ran again`);
+    // 'deadline', not 'renew_false': had a renew gone out first, the server
+    // (whose lease had expired too) would have answered false.
+    assert.equal(seen.lost[0]!.reason.reason, 'deadline');
+    assert.equal(seen.renewed.length, renewals);
+    assert.ok(after < 1000);
+    assert.equal(await lease.release(), false);
+  });
+
   test('a renew that hangs does not hold up the lost signal: lost at the deadline', { timeout: 20_000 }, async () => {
     const name = uniqueName('hung-renew');
     const lease = await locker.acquire(name, { ttl: 1500 });
