@@ -195,8 +195,10 @@ class FactorySource implements Source {
     if (client === null || typeof client !== 'object' || typeof (client as ClientBase).query !== 'function') {
       throw new UsageError('the connection factory must return a connected node-postgres client');
     }
-    const conn = wrap(client);
-    if (purpose === 'keepalive' && !this.transactionPooling) {
+    const named = purpose === 'keepalive' && !this.transactionPooling;
+    // A factory may hand out a pool's clients: those go back without the name.
+    const conn = wrap(client, false, named ? 'RESET application_name' : null);
+    if (named) {
       try {
         await nameKeepalive(client);
       } catch (e) {
