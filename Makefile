@@ -9,6 +9,8 @@
 #   make package           .deb and tarball per major (target/packages/); make test-package installs
 #                          each into a clean server of its major and runs the regress suite
 #   make ci                what CI runs: all of the above
+#   make test-clients      the client libraries' suites and conformance examples (clients/README.md)
+#   make package-clients   a package of each client library (target/packages/clients/)
 #   make bench             fenced_lock beside its baselines and peers, with the speed targets (bench/README.md)
 # Run as root on Debian bookworm (scripts/prereqs.sh installs what is missing).
 
@@ -20,6 +22,7 @@ PYTEST     = $(PYTHON) -m pytest -q -p no:cacheprovider
 
 .PHONY: all prereqs build install demo test test-major test-all-majors test-unit test-pgrx test-regress \
         test-isolation test-integration test-faults test-upgrade test-upgrade-major test-ha package test-package ci \
+        test-clients package-clients \
         bench bench-smoke fmt lint clean
 
 all: install
@@ -84,6 +87,16 @@ test-upgrade-major:
 # Patroni + etcd failover suite (tests/ha/README.md); needs the extension installed.
 test-ha:
 	$(PYTEST) tests/ha
+
+# The client libraries against a scratch server with the extension of PG (clients/README.md).
+test-clients: install
+	bash scripts/prereqs-clients.sh
+	$(WITH_PG) bash scripts/test-clients.sh
+
+package-clients:
+	bash scripts/prereqs-clients.sh
+	mkdir -p target/packages/clients
+	for lang in python rust java go node; do bash clients/$$lang/package.sh target/packages/clients || exit 1; done
 
 package:
 	bash scripts/package.sh $(MAJORS)

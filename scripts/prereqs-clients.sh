@@ -4,9 +4,10 @@
 # Node.js and npm come with the machine; npm and crates.io packages are
 # fetched by each client's own build.
 set -euo pipefail
-packages=(default-jdk-headless libpostgresql-jdbc-java junit5
+packages=(default-jdk-headless libpostgresql-jdbc-java junit5 libhikaricp-java
           golang-go golang-github-jackc-pgx-v4-dev
-          python3-psycopg python3-psycopg-pool python3-build python3-pytest)
+          python3-psycopg python3-psycopg-pool python3-build python3-setuptools python3-wheel python3-pytest
+          nftables util-linux)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -133,6 +133,20 @@ REVOKE ALL ON FUNCTION fenced_lock_renew_all(text, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION fenced_lock_leader(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION fenced_lock_proclaim(text, bigint, text) FROM PUBLIC;
 
+-- 4b. Guards a DBA can see.
+CREATE FUNCTION fenced_lock_protect(tbl regclass, template text, token_column name DEFAULT 'fence_token')
+RETURNS void LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'fl_protect';
+COMMENT ON FUNCTION fenced_lock_protect(regclass, text, name) IS
+  'guard tbl completely: the row guard fenced_lock_guard and the TRUNCATE guard fenced_lock_guard_truncate (on each partition too)';
+
+CREATE FUNCTION fenced_lock_unprotect(tbl regclass)
+RETURNS void LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'fl_unprotect';
+COMMENT ON FUNCTION fenced_lock_unprotect(regclass) IS
+  'drop exactly the triggers fenced_lock_protect created on tbl and its partitions';
+
+REVOKE ALL ON FUNCTION fenced_lock_protect(regclass, text, name) FROM PUBLIC;
+REVOKE ALL ON FUNCTION fenced_lock_unprotect(regclass) FROM PUBLIC;
+
 -- 5. What the views call: the waiters with their mode, the counters by mode.
 CREATE FUNCTION fenced_lock_internal.waiting(OUT name text, OUT pid integer, OUT holder text, OUT owner oid,
                                              OUT waiting_since timestamptz, OUT "position" integer,
@@ -143,7 +157,14 @@ CREATE FUNCTION fenced_lock_internal.stats_by_mode(OUT mode text, OUT grants big
                                                    OUT session_ends bigint, OUT waits bigint, OUT wait_timeouts bigint)
 RETURNS SETOF record LANGUAGE c VOLATILE PARALLEL RESTRICTED AS 'MODULE_PATHNAME', 'fl_stats_by_mode_wrapper';
 GRANT EXECUTE ON FUNCTION fenced_lock_internal.waiting() TO PUBLIC;
+CREATE FUNCTION fenced_lock_internal.guard_state(tbl oid, trigger oid)
+RETURNS TABLE (template text, token_column text, events text[], valid boolean, problem text)
+LANGUAGE c STABLE PARALLEL RESTRICTED ROWS 1 AS 'MODULE_PATHNAME', 'fl_guard_state';
+CREATE FUNCTION fenced_lock_internal.check_guards()
+RETURNS event_trigger LANGUAGE c AS 'MODULE_PATHNAME', 'fl_check_guards';
 GRANT EXECUTE ON FUNCTION fenced_lock_internal.stats_by_mode() TO PUBLIC;
+GRANT EXECUTE ON FUNCTION fenced_lock_internal.guard_state(oid, oid) TO PUBLIC;
+REVOKE ALL ON FUNCTION fenced_lock_internal.check_guards() FROM PUBLIC;
 
 -- 6. The views are replaced in place (new columns at the end), so that what
 -- was granted on them stays granted.
@@ -216,6 +237,32 @@ COMMENT ON VIEW fenced_lock_stats_by_mode IS
   'the lease counters since server start, one row per mode; NULL unless fenced_lock is in shared_preload_libraries';
 
 REVOKE ALL ON fenced_lock_stats_by_mode FROM PUBLIC;
+
+CREATE VIEW fenced_lock_guards AS
+SELECT t.tgrelid::pg_catalog.regclass AS "table",
+       t.tgname AS "trigger",
+       g.template,
+       g.token_column,
+       g.events,
+       g.valid,
+       g.problem
+  FROM pg_catalog.pg_trigger t
+  JOIN pg_catalog.pg_proc p ON p.oid OPERATOR(pg_catalog.=) t.tgfoid
+ CROSS JOIN LATERAL fenced_lock_internal.guard_state(t.tgrelid, t.oid) g
+ WHERE p.prosrc OPERATOR(pg_catalog.=) 'fl_guard'
+   AND pg_catalog.has_table_privilege(t.tgrelid, 'SELECT, INSERT, UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER');
+COMMENT ON VIEW fenced_lock_guards IS
+  'one row per guard trigger of a table the querying role has a privilege on, with what it covers and what is wrong with it';
+
+REVOKE ALL ON fenced_lock_guards FROM PUBLIC;
+
+-- Attach-time validation: a guard that could never work is refused when it
+-- is created, with the error its first write would raise; so is an ALTER
+-- TABLE that breaks one (dropping, renaming or retyping a column it names).
+-- It fires only for these three tags, so other DDL costs nothing.
+CREATE EVENT TRIGGER fenced_lock_check_guards ON ddl_command_end
+  WHEN TAG IN ('CREATE TRIGGER', 'ALTER TABLE', 'CREATE TABLE')
+  EXECUTE FUNCTION fenced_lock_internal.check_guards();
 
 -- 7. What nothing refers to any more goes last.
 DROP FUNCTION fenced_lock_internal.waiters();

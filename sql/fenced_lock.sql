@@ -147,6 +147,19 @@ RETURNS boolean LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'fl_pr
 COMMENT ON FUNCTION fenced_lock_proclaim(text, bigint, text) IS
   'the holder of the live exclusive lease token publishes value for fenced_lock_leader; false unless it is that holder';
 
+-- Guards a DBA can see: protect a table in one call, see every guard and
+-- whether it would work; an event trigger refuses, when it is created, a
+-- guard that could never work, and an ALTER TABLE that would break one.
+CREATE FUNCTION fenced_lock_protect(tbl regclass, template text, token_column name DEFAULT 'fence_token')
+RETURNS void LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'fl_protect';
+COMMENT ON FUNCTION fenced_lock_protect(regclass, text, name) IS
+  'guard tbl completely: the row guard fenced_lock_guard and the TRUNCATE guard fenced_lock_guard_truncate (on each partition too)';
+
+CREATE FUNCTION fenced_lock_unprotect(tbl regclass)
+RETURNS void LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'fl_unprotect';
+COMMENT ON FUNCTION fenced_lock_unprotect(regclass) IS
+  'drop exactly the triggers fenced_lock_protect created on tbl and its partitions';
+
 -- What the views call. PUBLIC may execute them (a view's reader needs that)
 -- but cannot name them: it has no USAGE on fenced_lock_internal.
 CREATE FUNCTION fenced_lock_internal.may_see(owner regrole)
@@ -168,6 +181,12 @@ CREATE FUNCTION fenced_lock_internal.stats_by_mode(OUT mode text, OUT grants big
                                                    OUT releases bigint, OUT expiries bigint, OUT force_releases bigint,
                                                    OUT session_ends bigint, OUT waits bigint, OUT wait_timeouts bigint)
 RETURNS SETOF record LANGUAGE c VOLATILE PARALLEL RESTRICTED AS 'MODULE_PATHNAME', 'fl_stats_by_mode_wrapper';
+
+CREATE FUNCTION fenced_lock_internal.guard_state(tbl oid, trigger oid)
+RETURNS TABLE (template text, token_column text, events text[], valid boolean, problem text)
+LANGUAGE c STABLE PARALLEL RESTRICTED ROWS 1 AS 'MODULE_PATHNAME', 'fl_guard_state';
+CREATE FUNCTION fenced_lock_internal.check_guards()
+RETURNS event_trigger LANGUAGE c AS 'MODULE_PATHNAME', 'fl_check_guards';
 
 CREATE VIEW fenced_lock_leases AS
 SELECT l.name,
@@ -242,6 +261,30 @@ SELECT * FROM fenced_lock_internal.stats_by_mode();
 COMMENT ON VIEW fenced_lock_stats_by_mode IS
   'the lease counters since server start, one row per mode; NULL unless fenced_lock is in shared_preload_libraries';
 
+CREATE VIEW fenced_lock_guards AS
+SELECT t.tgrelid::pg_catalog.regclass AS "table",
+       t.tgname AS "trigger",
+       g.template,
+       g.token_column,
+       g.events,
+       g.valid,
+       g.problem
+  FROM pg_catalog.pg_trigger t
+  JOIN pg_catalog.pg_proc p ON p.oid OPERATOR(pg_catalog.=) t.tgfoid
+ CROSS JOIN LATERAL fenced_lock_internal.guard_state(t.tgrelid, t.oid) g
+ WHERE p.prosrc OPERATOR(pg_catalog.=) 'fl_guard'
+   AND pg_catalog.has_table_privilege(t.tgrelid, 'SELECT, INSERT, UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER');
+COMMENT ON VIEW fenced_lock_guards IS
+  'one row per guard trigger of a table the querying role has a privilege on, with what it covers and what is wrong with it';
+
+-- Attach-time validation: a guard that could never work is refused when it
+-- is created, with the error its first write would raise; so is an ALTER
+-- TABLE that breaks one (dropping, renaming or retyping a column it names).
+-- It fires only for these three tags, so other DDL costs nothing.
+CREATE EVENT TRIGGER fenced_lock_check_guards ON ddl_command_end
+  WHEN TAG IN ('CREATE TRIGGER', 'ALTER TABLE', 'CREATE TABLE')
+  EXECUTE FUNCTION fenced_lock_internal.check_guards();
+
 -- Nothing is open to PUBLIC: grant what each role needs (docs/operations.md, "Granting access").
 REVOKE ALL ON FUNCTION fenced_lock_try_acquire(text, interval, text, boolean, boolean, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION fenced_lock_acquire(text, interval, interval, text, boolean, boolean, integer) FROM PUBLIC;
@@ -251,6 +294,9 @@ REVOKE ALL ON FUNCTION fenced_lock_release_all(text[], bigint[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION fenced_lock_renew_all(text, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION fenced_lock_leader(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION fenced_lock_proclaim(text, bigint, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION fenced_lock_protect(regclass, text, name) FROM PUBLIC;
+REVOKE ALL ON FUNCTION fenced_lock_unprotect(regclass) FROM PUBLIC;
+REVOKE ALL ON FUNCTION fenced_lock_internal.check_guards() FROM PUBLIC;
 REVOKE ALL ON FUNCTION fenced_lock_renew(text, bigint, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION fenced_lock_release(text, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION fenced_lock_validate(text, bigint) FROM PUBLIC;
@@ -258,7 +304,7 @@ REVOKE ALL ON FUNCTION fenced_lock_assert(text, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION fenced_lock_force_release(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION fenced_lock_guard() FROM PUBLIC;
 REVOKE ALL ON fenced_lock_leases, fenced_lock_waiters, fenced_lock_history, fenced_lock_stats,
-              fenced_lock_stats_by_mode FROM PUBLIC;
+              fenced_lock_stats_by_mode, fenced_lock_guards FROM PUBLIC;
 -- The views call these as the querying role; they only tell that role about itself.
 GRANT EXECUTE ON FUNCTION fenced_lock_internal.may_see(regrole) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fenced_lock_internal.may_see_name(name) TO PUBLIC;
@@ -266,3 +312,4 @@ GRANT EXECUTE ON FUNCTION fenced_lock_internal.session_alive(bigint) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fenced_lock_internal.waiting() TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fenced_lock_internal.stats() TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fenced_lock_internal.stats_by_mode() TO PUBLIC;
+GRANT EXECUTE ON FUNCTION fenced_lock_internal.guard_state(oid, oid) TO PUBLIC;

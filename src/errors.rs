@@ -38,10 +38,18 @@ pub mod sqlstate {
     pub const SERIALIZATION_FAILURE: &str = "40001";
     /// The extension's objects are missing, or older than the library.
     pub const OBJECT_NOT_IN_PREREQUISITE_STATE: &str = "55000";
+    /// `fenced_lock_protect` of something that is not a table.
+    pub const WRONG_OBJECT_TYPE: &str = "42809";
+    /// `fenced_lock_protect` of a table protected with other arguments.
+    pub const DUPLICATE_OBJECT: &str = "42710";
+    /// A relation given by OID that does not exist (any more).
+    pub const UNDEFINED_TABLE: &str = "42P01";
+    /// Something that should not happen (an SPI failure without an error).
+    pub const INTERNAL_ERROR: &str = "XX000";
 
     /// Every code above, for the documentation test.
     #[cfg(test)]
-    pub const ALL: [&str; 13] = [
+    pub const ALL: [&str; 16] = [
         STALE_TOKEN,
         MISSING_TOKEN,
         MODE_CONFLICT,
@@ -55,6 +63,9 @@ pub mod sqlstate {
         READ_ONLY_SQL_TRANSACTION,
         SERIALIZATION_FAILURE,
         OBJECT_NOT_IN_PREREQUISITE_STATE,
+        WRONG_OBJECT_TYPE,
+        DUPLICATE_OBJECT,
+        UNDEFINED_TABLE,
     ];
 }
 

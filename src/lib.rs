@@ -7,10 +7,12 @@
 //! `docs/design.md`, "The code", keeps the same map):
 //!
 //! 9. `lib` (this file: `_PG_init`, the transaction-end dispatch) and `api`
-//!    (the SQL functions).
-//! 8. `guard`: the `fenced_lock_guard()` trigger.
-//! 7. `waiting` (`fenced_lock_acquire`: FIFO waiting without polling) and
-//!    `fence` (the one check shared by the guard and `fenced_lock_assert`).
+//!    (the SQL functions: one name, several names, elections, guards).
+//! 8. `guard`: the `fenced_lock_guard()` trigger, what is wrong with a
+//!    guard (the view, the event trigger), `fenced_lock_protect`.
+//! 7. `waiting` (`fenced_lock_acquire` and `_all`: FIFO waiting without
+//!    polling) and `fence` (the one check shared by the guard and
+//!    `fenced_lock_assert`).
 //! 6. `lease` (the state machine: every transition and its one exit, session
 //!    end included; `lease/decide.rs` the pure decisions) and `views` (what
 //!    the views call).
@@ -22,8 +24,9 @@
 //!    (counters), `notify` (`NOTIFY fenced_lock`), `registry` (the shared
 //!    waiter registry), `roles` (who may do what), `datum` (datums).
 //! 2. `durability` (how durable a commit is), `settings` (the
-//!    `fenced_lock.*` GUCs), `locktags` (the heavyweight locks), `xact`
-//!    (transaction helpers), `args` (argument checks).
+//!    `fenced_lock.*` GUCs), `locktags` (the heavyweight locks), `mode`
+//!    (lease modes and what fits beside what), `xact` (transaction
+//!    helpers), `args` (argument checks).
 //! 1. `errors` (the error type and SQLSTATEs), `template` (lock-name
 //!    templates), `compat` (every difference between majors), `spi`,
 //!    `guc_scope` (PostgreSQL settings for a scope), `relcache` (the one

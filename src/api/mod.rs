@@ -5,11 +5,13 @@
 //! - `single`  the functions of one lock name
 //! - `many`    several names at once, and keeping many leases alive
 //! - `leader`  elections that others can watch
+//! - `guards`  protecting a table, the view of its guards, the event trigger
 //!
 //! Every argument is checked before anything else happens, in the order of
 //! the declaration, so a call reports its first bad argument; then a call
 //! that changes lease state is entered as a `Change`.
 
+mod guards;
 mod leader;
 mod many;
 mod single;

@@ -20,7 +20,8 @@ Every test runs under an alarm (`budget` marker, default TEST_BUDGET_S).
 
 Ports 5500-5509 and /tmp/fenced_lock_tests/it_* belong to this directory.
 FL_IT_PORT (one of 5503-5509) moves the session cluster to that port and to
-/tmp/fenced_lock_tests/it_main_<port>, so that two runs at once do not share it.
+/tmp/fenced_lock_tests/it_main_<port>, so that two runs at once do not share it;
+FL_IT_PRELOAD_PORT (one of 5503-5509 too) does the same for `preload_cluster`.
 """
 
 import os
@@ -35,7 +36,7 @@ from harness.cluster import Cluster
 import it_support
 
 MAIN_PORT = int(os.environ.get("FL_IT_PORT", "5500"))
-PRELOAD_PORT = 5502
+PRELOAD_PORT = int(os.environ.get("FL_IT_PRELOAD_PORT", "5502"))
 TEST_BUDGET_S = 120
 
 
@@ -53,7 +54,8 @@ def children():
 
 @pytest.fixture(scope="session")
 def preload_cluster():
-    c = Cluster("it_preload", PRELOAD_PORT, {"shared_preload_libraries": "'fenced_lock'"})
+    c = Cluster("it_preload" if PRELOAD_PORT == 5502 else f"it_preload_{PRELOAD_PORT}", PRELOAD_PORT,
+                {"shared_preload_libraries": "'fenced_lock'"})
     c.init()
     c.start()
     try:

@@ -66,6 +66,10 @@ UNION ALL
 SELECT 'schema ' || n.nspname, coalesce(n.nspacl::text, '') || ' comment=' || coalesce(obj_description(n.oid, 'pg_namespace'), '')
   FROM pg_namespace n JOIN members m ON m.classid = 'pg_namespace'::regclass AND m.objid = n.oid
 UNION ALL
+SELECT 'event trigger ' || e.evtname, e.evtevent || ' enabled=' || e.evtenabled::text || ' tags=' || coalesce(e.evttags::text, '')
+       || ' function=' || e.evtfoid::regprocedure::text
+  FROM pg_event_trigger e JOIN members m ON m.classid = 'pg_event_trigger'::regclass AND m.objid = e.oid
+UNION ALL
 SELECT 'extension', extversion || ' config=' || (SELECT string_agg(c::regclass::text, ',' ORDER BY c::regclass::text)
                                                    FROM unnest(extconfig) c)
   FROM pg_extension WHERE extname = 'fenced_lock'

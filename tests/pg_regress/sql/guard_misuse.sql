@@ -2,9 +2,15 @@
 -- every time after), never silently letting writes through: AFTER, statement
 -- level or INSTEAD OF (39P01), wrong argument count or a bad template
 -- (22023), a column that does not exist (42703), a token column that is not
--- bigint (42804). CREATE TRIGGER itself cannot check the arguments, so it
--- succeeds. The table is left unchanged each time.
+-- bigint (42804). The table is left unchanged each time.
+--
+-- The event trigger fenced_lock_check_guards refuses all of these already at
+-- CREATE TRIGGER (guards.sql). This file proves the second line of defence:
+-- with the event trigger disabled (or bypassed, e.g. by
+-- session_replication_role = replica, under which event triggers do not
+-- fire), the guard still fails closed at the first write.
 \set VERBOSITY sqlstate
+ALTER EVENT TRIGGER fenced_lock_check_guards DISABLE;
 
 -- One table, one row already in it (written before any trigger existed),
 -- and a live lease whose token we write with.
@@ -187,5 +193,6 @@ SELECT id, "Name", qty, fence_token, small_token, text_token, num_token FROM ite
 
 -- Clean up.
 DROP TABLE item;
+ALTER EVENT TRIGGER fenced_lock_check_guards ENABLE;
 SELECT fenced_lock_release('item:1', :t) AS released, fenced_lock_release('item:two', :t2) AS released,
        fenced_lock_release('later:1', :tl) AS released;

@@ -12,6 +12,12 @@
 -- with each token in the payload replaced by its name (<t1>, ...), since
 -- tokens differ from run to run.
 \set VERBOSITY sqlstate
+-- The setting exists once the library is loaded in the session (by the
+-- first call of a fenced_lock function, by the first CREATE TABLE, ALTER
+-- TABLE or CREATE TRIGGER, which fire the extension's event trigger, or by
+-- LOAD 'fenced_lock', unless it is in shared_preload_libraries); before
+-- that, SHOW does not know it (42704).
+SHOW fenced_lock.notify;
 
 CREATE TEMP TABLE notify_tokens (who text PRIMARY KEY, token bigint);
 CREATE TEMP TABLE notify_received (n serial, channel text, payload text);
@@ -43,9 +49,6 @@ END $$;
 SELECT dblink_connect('listener', regress_conninfo()) AS connected;
 SELECT dblink_exec('listener', 'LISTEN fenced_lock') AS listening;
 
--- The setting exists once the library is loaded in the session (by the
--- first call of a fenced_lock function, or LOAD 'fenced_lock', unless it is
--- in shared_preload_libraries); before that, SHOW does not know it (42704).
 SHOW fenced_lock.notify;
 -- Off by default: lease changes send nothing.
 INSERT INTO notify_tokens SELECT 't0', fenced_lock_try_acquire('notify:a', '1 minute');
