@@ -3,15 +3,18 @@
 //! the servers, not the client. Every subcommand prints one JSON line.
 //!
 //!   pairs-pg     --dsn D --kind fenced|plpgsql|floor1|floor2|advisory
-//!   pairs-redis  --port P
+//!   pairs-redis  --port P [--client async|sync]
 //!   pairs-etcd   --endpoint http://127.0.0.1:2390
 //!                (all three: --clients N --seconds S, or --count C pairs per client)
+//!   sale         --row R --dsn D ... (the end-to-end critical section, src/sale.rs)
 //!   handoff      --dsn D --waiters N --trials T [--method queue|backoff]
 //!   idle-cpu     --dsn D --waiters N --seconds S [--method queue|backoff]
 //!   session-kill --dsn D --trials T
 //!   hold         --dsn D --name X     (session-kill's holder process)
 
 mod pairs;
+mod pq;
+mod sale;
 mod waiting;
 
 use std::collections::HashMap;
@@ -119,14 +122,21 @@ async fn main() {
     let res = match Opts::parse(args.get(1..).unwrap_or_default()) {
         Err(e) => Err(e),
         Ok(o) => match cmd {
+            "pairs-redis" if o.str_or("client", "async") == "sync" => pairs::run_redis_sync(&o),
             "pairs-pg" | "pairs-redis" | "pairs-etcd" => pairs::run(cmd, &o).await,
+            // Blocking threads of its own, off the runtime's workers.
+            "sale" => {
+                tokio::task::spawn_blocking(move || sale::run(&o)).await.unwrap_or_else(|e| Err(e.into()))
+            }
             "handoff" => waiting::handoff(&o).await,
             "idle-cpu" => waiting::idle_cpu(&o).await,
             "session-kill" => waiting::session_kill(&o).await,
             "hold" => waiting::hold(&o).await,
-            _ => Err("usage: flbench pairs-pg|pairs-redis|pairs-etcd|handoff|idle-cpu|session-kill|hold \
+            _ => {
+                Err("usage: flbench pairs-pg|pairs-redis|pairs-etcd|sale|handoff|idle-cpu|session-kill|hold \
                       --option value ... (see src/main.rs)"
-                .into()),
+                    .into())
+            }
         },
     };
     if let Err(e) = res {

@@ -157,6 +157,7 @@ pub async fn handoff(o: &Opts) -> Res<()> {
         .s("method", method)
         .raw("waiters", waiters)
         .raw("handoffs", handoffs.len())
+        .raw("releases", sh.releases.load(Relaxed))
         .n("p50_ms", percentile(&handoffs, 50.0))
         .n("p99_ms", percentile(&handoffs, 99.0))
         .n("mean_waiting", waiting as f64 / handoffs.len() as f64)
