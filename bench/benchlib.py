@@ -30,7 +30,9 @@ SMOKE_TX = 30  # pgbench transactions (flbench pairs) per client in smoke mode
 HERE = Path(__file__).resolve().parent
 WORK = Path(os.environ.get("FL_BENCH_WORK", "/tmp/fenced_lock_tests/bench_work"))
 PG_PORT = 5560
-PGBENCH = "/usr/lib/postgresql/15/bin/pgbench"
+PG_BINDIR = os.environ.get("PG_BINDIR", "/usr/lib/postgresql/15/bin")  # set by run.sh
+PGBENCH = os.path.join(PG_BINDIR, "pgbench")
+PSQL = os.path.join(PG_BINDIR, "psql")
 FLBENCH = HERE / "client" / "target" / "release" / "flbench"  # built by run.sh
 DURABLE = "fsync=on, synchronous_commit=on"
 
@@ -71,7 +73,7 @@ def database_setting(db, name, value):
 
 
 def run_sql_file(db, path):
-    subprocess.run(["/usr/lib/postgresql/15/bin/psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-c", "SET client_min_messages = warning",
+    subprocess.run([PSQL, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-c", "SET client_min_messages = warning",
                     "-d", dsn(db), "-f", str(path)], check=True, stdout=subprocess.DEVNULL)
 
 
@@ -94,11 +96,13 @@ def summary(values):
 
 # -- pgbench ------------------------------------------------------------------
 
-def pgbench(db, script, clients, defines=None, seconds=None, tag="run", statements=False):
-    """One pgbench run of `script` (path); returns tps and latency percentiles
-    (ms) of the whole script from pgbench's per-transaction log; with
-    `statements`, also each statement's mean latency (ms), by its first word
-    after SELECT (e.g. "fenced_lock_try_acquire")."""
+def pgbench(db, script, clients, defines=None, seconds=None, tag="run", statements=False, options=None):
+    """One pgbench run of `script` (path); returns tps, the transactions
+    done (n) and latency percentiles (ms) of the whole script from pgbench's
+    per-transaction log; with `statements`, also each statement's mean
+    latency (ms), by its first word after SELECT (e.g.
+    "fenced_lock_try_acquire"). `options` go to every session (PGOPTIONS,
+    e.g. "-c synchronous_commit=off")."""
     WORK.mkdir(parents=True, exist_ok=True)
     prefix = WORK / f"pgb_{tag}"
     for f in glob.glob(f"{prefix}.*"):
@@ -114,7 +118,8 @@ def pgbench(db, script, clients, defines=None, seconds=None, tag="run", statemen
     if statements:
         args.append("-r")
     args.append(db)
-    out = subprocess.run(args, capture_output=True, text=True)
+    env = dict(os.environ, PGOPTIONS=options) if options else None
+    out = subprocess.run(args, capture_output=True, text=True, env=env)
     if out.returncode != 0 or "aborted" in out.stdout + out.stderr:
         raise RuntimeError(f"pgbench {script} failed:\n{out.stdout}\n{out.stderr}")
     tps = None
@@ -163,10 +168,11 @@ def flbench(cmd, *args, **opts):
 
 def flbench_pairs(cmd, *args, clients):
     """A pairs run (pairs-pg/-redis/-etcd) at `clients` clients, in the shape
-    pgbench() returns: pairs/s and p50/p99 of a pair in ms."""
+    pgbench() returns: pairs/s, pairs done (n, with the warm-up's: the
+    costs are divided by every pair the run did) and p50/p99 of a pair in ms."""
     length = {"count": SMOKE_TX} if SMOKE else {"seconds": SECONDS}
     r = flbench(cmd, *args, clients=clients, **length)
-    return {"tps": r["per_s"], "p50": r["p50_ms"], "p99": r["p99_ms"], "n": r["count"]}
+    return {"tps": r["per_s"], "p50": r["p50_ms"], "p99": r["p99_ms"], "n": r["count"] + r["warmup"]}
 
 
 def interleaved(configs, run_one, runs=None):
