@@ -150,29 +150,38 @@ def pgbench(db, script, clients, defines=None, seconds=None, tag="run", statemen
 
 # -- flbench ------------------------------------------------------------------
 
-def flbench(cmd, *args, **opts):
-    """One run of the compiled client (bench/client); its JSON line as a dict.
-    Options are given as keywords (waiters=10 -> --waiters 10). Any failed
-    call fails the bench: a broken run must not produce a figure."""
-    argv = [str(FLBENCH), cmd, *map(str, args)]
-    for k, v in opts.items():
-        argv += [f"--{k}", str(v)]
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=900)
-    if out.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv[1:])} failed:\n{out.stderr}")
-    res = json.loads(out.stdout.strip().splitlines()[-1])
+def check_flbench(res, argv):
+    """A flbench result whose run had a failed call fails the bench: a broken
+    run must not produce a figure."""
     if res.get("errors"):
-        raise RuntimeError(f"{' '.join(argv[1:])}: {res['errors']} errors, the last: {res.get('error')}")
+        raise RuntimeError(f"{' '.join(map(str, argv[1:]))}: {res['errors']} errors, the last: {res.get('error')}")
     return res
 
 
-def flbench_pairs(cmd, *args, clients):
+def flbench(cmd, *args, meter=None, servers=(), **opts):
+    """One run of the compiled client (bench/client); its JSON line as a dict.
+    Options are given as keywords (waiters=10 -> --waiters 10). With a meter
+    (costs.Meter), the run is measured over its window on `servers` and the
+    result has its "costs"."""
+    argv = [str(FLBENCH), cmd, *map(str, args)]
+    for k, v in opts.items():
+        argv += [f"--{k}", str(v)]
+    if meter is not None:
+        return meter.flbench(argv, servers)
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+    if out.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv[1:])} failed:\n{out.stderr}")
+    return check_flbench(json.loads(out.stdout.strip().splitlines()[-1]), argv)
+
+
+def flbench_pairs(cmd, *args, clients, meter=None, servers=()):
     """A pairs run (pairs-pg/-redis/-etcd) at `clients` clients, in the shape
-    pgbench() returns: pairs/s, pairs done (n, with the warm-up's: the
-    costs are divided by every pair the run did) and p50/p99 of a pair in ms."""
+    pgbench() returns: pairs/s, pairs done (n) and p50/p99 of a pair in ms,
+    with its costs if measured."""
     length = {"count": SMOKE_TX} if SMOKE else {"seconds": SECONDS}
-    r = flbench(cmd, *args, clients=clients, **length)
-    return {"tps": r["per_s"], "p50": r["p50_ms"], "p99": r["p99_ms"], "n": r["count"] + r["warmup"]}
+    r = flbench(cmd, *args, clients=clients, meter=meter, servers=servers, **length)
+    out = {"tps": r["per_s"], "p50": r["p50_ms"], "p99": r["p99_ms"], "n": r["count"]}
+    return dict(out, costs=r["costs"]) if "costs" in r else out
 
 
 def interleaved(configs, run_one, runs=None):

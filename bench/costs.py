@@ -19,22 +19,33 @@ servers compare on the same terms:
   there is: Redis keeps none); etcd's WAL bytes and fsyncs from its /metrics
   (etcd_disk_wal_write_bytes_total, etcd_disk_wal_fsync_duration_seconds_count).
 
-A run's figures include its connections' set-up and the client's warm-up,
-which are under 1% of a 4 s run. After the client exits, the meter waits for
-the run's backends to be gone (reaped) and 0.3 s more (the walwriter reports
-its fsyncs every wal_writer_delay, 200 ms), then reads the "after" side.
+flbench runs are measured over their window: flbench says on stdout when
+every client is connected and warmed up and when the last one is done
+(connections still open), and waits each time until the meter has read the
+counters, so that CPU, log bytes and Redis' and etcd's fsyncs cover the
+measured operations only. PostgreSQL's WAL fsyncs cannot be read that way
+(a backend reports its counts when it has been idle a while, or when it
+exits), so they are counted from before the client starts to after its
+backends are gone and divided by every operation the run did, its warm-up's
+too. A pgbench run is measured as a whole, its connections included (under
+1% of a 4 s run). After a client exits the meter waits for the run's
+backends to be gone (reaped) and 0.3 s more (the walwriter reports its
+fsyncs every wal_writer_delay, 200 ms), then reads the "after" side.
 """
 
+import json
 import os
 import resource
 import signal
 import socket
 import subprocess
+import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
 
-from benchlib import SMOKE, WORK, connect, log, summary
+from benchlib import SMOKE, WORK, check_flbench, connect, log, summary
 
 ROOT = Path("/tmp/fenced_lock_tests")
 PG_DATA = ROOT / "bench_pg" / "data"  # bench/servers.sh
@@ -94,12 +105,12 @@ def postmaster_pid():
 
 def pg_cpu_ns(pm):
     """Every process of the cluster: the postmaster, its live children, and
-    (cutime + cstime) the children it has reaped. The reaped ones are read
-    first: a child reaped in between is then counted twice rather than not
-    at all, and the meter only reads once the run's backends are gone."""
+    (cutime + cstime) the children it has reaped. The live ones are read
+    first: a child reaped in between is then counted twice (a backend's exit,
+    a few ms) rather than not at all."""
+    live = sum(_sched_ns(c) for c in _children(pm))
     f = _stat(pm)
-    reaped = (int(f[13]) + int(f[14])) * 1_000_000_000 // HZ
-    return reaped + _sched_ns(pm) + sum(_sched_ns(c) for c in _children(pm))
+    return live + _sched_ns(pm) + (int(f[13]) + int(f[14])) * 1_000_000_000 // HZ
 
 
 def _redis_info(port, section):
@@ -247,28 +258,17 @@ class Meter:
             time.sleep(0.02)
         raise RuntimeError(f"costs: backends of the run still there after 10 s: {new}")
 
-    def run(self, fn, servers, ops_of):
-        """Run fn() (one client run) and return its result with "costs": the
-        figures per operation (ops_of(result) operations)."""
-        children0 = set(_children(self.pm)) if "pg" in servers else set()
-        before = self._sample(servers)
-        counters = {n: Syscalls(self._peer_pid(n), n) for n in servers
-                    if n.startswith("redis") and Syscalls.check(self._peer_pid(n))}
-        ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        t0 = time.monotonic()
-        res = fn()
-        wall = time.monotonic() - t0
-        ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        counted = {n: c.stop() for n, c in counters.items()}
-        if "pg" in servers:
-            self._backends_gone(children0)
-            time.sleep(SETTLE)
-        after = self._sample(servers)
-        ops = ops_of(res)
+    def _wal_fsyncs(self):
+        return self.db.execute("SELECT wal_sync, wal_write FROM pg_stat_wal").fetchone()
+
+    def _counters(self, servers):
+        return {n: Syscalls(self._peer_pid(n), n) for n in servers
+                if n.startswith("redis") and Syscalls.check(self._peer_pid(n))}
+
+    def _per_op(self, before, after, servers, ops, counted, client_s):
         if not ops:
             raise RuntimeError("costs: a run without operations")
-        per = {"ops": ops, "wall_s": wall,
-               "client": {"cpu_us": 1e6 * (ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime) / ops}}
+        per = {"ops": ops, "client": {"cpu_us": 1e6 * client_s / ops}}
         for name in servers:
             b, a = before[name], after[name]
             d = {"cpu_us": (a["cpu_ns"] - b["cpu_ns"]) / 1e3 / ops}
@@ -286,6 +286,71 @@ class Meter:
                          fsyncs=(a["fsyncs"] - b["fsyncs"]) / ops,
                          backend_commits=(a["backend_commits"] - b["backend_commits"]) / ops)
             per[name] = d
+        return per
+
+    def run(self, fn, servers, ops_of):
+        """Run fn() (one client run, pgbench) and return its result with
+        "costs": the figures per operation (ops_of(result) operations), the
+        whole run measured."""
+        children0 = set(_children(self.pm)) if "pg" in servers else set()
+        before = self._sample(servers)
+        counters = self._counters(servers)
+        ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        res = fn()
+        ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        counted = {n: c.stop() for n, c in counters.items()}
+        if "pg" in servers:
+            self._backends_gone(children0)
+            time.sleep(SETTLE)
+        after = self._sample(servers)
+        client = ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime
+        return dict(res, costs=self._per_op(before, after, servers, ops_of(res), counted, client))
+
+    def flbench(self, argv, servers, timeout=900):
+        """One flbench run measured over its window (FLBENCH_WINDOW=1); its
+        JSON line with "costs"."""
+        children0 = set(_children(self.pm)) if "pg" in servers else set()
+        wal0 = self._wal_fsyncs() if "pg" in servers else None
+        err = tempfile.TemporaryFile(mode="w+")
+        p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True,
+                             env=dict(os.environ, FLBENCH_WINDOW="1"))
+        timer = threading.Timer(timeout, p.kill)  # a hung run fails, never blocks the bench
+        timer.start()
+
+        def edge(what):
+            line = p.stdout.readline()
+            if line.strip() != f"window {what}":
+                p.kill()
+                p.wait()
+                err.seek(0)
+                raise RuntimeError(f"{' '.join(map(str, argv[1:]))} failed:\n{line}{err.read()}")
+
+        try:
+            edge("start")
+            before = self._sample(servers)
+            counters = self._counters(servers)
+            p.stdin.write("\n")
+            p.stdin.flush()
+            edge("end")
+            counted = {n: c.stop() for n, c in counters.items()}
+            after = self._sample(servers)
+            p.stdin.write("\n")
+            p.stdin.flush()
+            out = p.stdout.read()
+            p.wait()
+        finally:
+            timer.cancel()
+        err.seek(0)
+        if p.returncode != 0:
+            raise RuntimeError(f"{' '.join(map(str, argv[1:]))} failed:\n{err.read()}")
+        res = check_flbench(json.loads(out.strip().splitlines()[-1]), argv)
+        per = self._per_op(before, after, servers, res["window_ops"], counted, res["client_cpu_s"])
+        if "pg" in servers:
+            self._backends_gone(children0)
+            time.sleep(SETTLE)
+            wal1 = self._wal_fsyncs()
+            per["pg"].update(fsyncs=(wal1[0] - wal0[0]) / res["total_ops"],
+                             writes=(wal1[1] - wal0[1]) / res["total_ops"])
         return dict(res, costs=per)
 
 

@@ -100,9 +100,8 @@ def main():
 
                 def one(row):
                     before = stocks(c, row, opts["items"])
-                    r = meter.run(lambda: flbench("sale", row=row, name=f"sale_{row}", dsn=dsn(DB),
-                                                  **opts, **length),
-                                  ROWS[row][1], lambda res: res["count"] + res["warmup"])
+                    r = flbench("sale", row=row, name=f"sale_{row}", dsn=dsn(DB), meter=meter,
+                                servers=ROWS[row][1], **opts, **length)
                     after = stocks(c, row, opts["items"])
                     sold = [b - a for b, a in zip(before, after)]
                     acks = r.pop("acks")

@@ -31,11 +31,15 @@ ETCD_URL = "http://127.0.0.1:2390"
 
 
 def pgb(script, db=DB, options=None):
-    return lambda clients: pgbench(db, HERE / "pgbench" / script, clients, tag="pairs", options=options)
+    """A pgbench row: run(clients, meter, servers), measured as a whole."""
+    return lambda clients, meter, servers: meter.run(
+        lambda: pgbench(db, HERE / "pgbench" / script, clients, tag="pairs", options=options),
+        servers, lambda res: res["n"])
 
 
 def flb(*args):
-    return lambda clients: flbench_pairs(*args, clients=clients)
+    """A flbench row, measured over its window."""
+    return lambda clients, meter, servers: flbench_pairs(*args, clients=clients, meter=meter, servers=servers)
 
 
 ROWS = {  # row: (run at n clients, servers it uses, client, durability, view)
@@ -93,8 +97,7 @@ def main():
     try:
         log(f"pairs: {len(rows)} rows at {CLIENTS} clients, interleaved")
         runs = interleaved([(r, c) for r in rows for c in CLIENTS],
-                           lambda key: meter.run(lambda: ROWS[key[0]][0](key[1]), ROWS[key[0]][1],
-                                                 lambda res: res["n"]))
+                           lambda key: ROWS[key[0]][0](key[1], meter, ROWS[key[0]][1]))
     finally:
         meter.close()
         subprocess.run(["bash", str(HERE / "servers.sh"), "stop", "peers"], check=False)

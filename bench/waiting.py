@@ -36,9 +36,9 @@ def handoffs():
     meter = Meter()
     for waiters in WAITERS:
         log(f"waiting: handoff, {waiters} waiter(s)")
-        runs = interleaved(list(METHODS), lambda m: meter.run(
-            lambda: flbench("handoff", dsn=dsn(DB), waiters=waiters, trials=TRIALS, method=m),
-            ["pg"], lambda r: r["releases"]), WAIT_RUNS)
+        runs = interleaved(list(METHODS), lambda m: flbench("handoff", dsn=dsn(DB), waiters=waiters,
+                                                            trials=TRIALS, method=m, meter=meter, servers=["pg"]),
+                           WAIT_RUNS)
         for m in METHODS:
             rows.append({"method": METHODS[m], "queue": m == "queue", "waiters": waiters,
                          **{f: summary([r[k] for r in runs[m]])

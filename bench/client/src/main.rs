@@ -104,6 +104,51 @@ impl Line {
     }
 }
 
+/// The measured window (FLBENCH_WINDOW=1, set by bench/costs.py): say on
+/// stdout where it starts and where it ends, and each time wait for a line on
+/// stdin, the bench's word that it has read the servers' counters. The costs
+/// then cover the measured operations only, not the connections, the warm-up
+/// or the exit. Without the variable it does nothing.
+pub fn window(edge: &str) -> Res<()> {
+    use std::io::{BufRead, Write};
+    if std::env::var_os("FLBENCH_WINDOW").is_none() {
+        return Ok(());
+    }
+    println!("window {edge}");
+    std::io::stdout().flush()?;
+    let mut line = String::new();
+    std::io::stdin().lock().read_line(&mut line)?;
+    Ok(())
+}
+
+/// The same from async code: the runtime's other tasks go on meanwhile.
+pub fn window_async(edge: &str) -> Res<()> {
+    tokio::task::block_in_place(|| window(edge))
+}
+
+#[repr(C)]
+struct Rusage {
+    utime: [i64; 2],
+    stime: [i64; 2],
+    rest: [i64; 14],
+}
+
+extern "C" {
+    fn getrusage(who: i32, usage: *mut Rusage) -> i32;
+}
+
+/// CPU time (user + system) of this process so far, every thread, in s.
+pub fn cpu_s() -> f64 {
+    let mut u = Rusage { utime: [0; 2], stime: [0; 2], rest: [0; 14] };
+    // SAFETY: RUSAGE_SELF (0) into a struct of the kernel's layout on
+    // 64-bit Linux (two timevals, fourteen longs).
+    if unsafe { getrusage(0, &mut u) } != 0 {
+        return f64::NAN;
+    }
+    let tv = |t: [i64; 2]| t[0] as f64 + t[1] as f64 / 1e6;
+    tv(u.utime) + tv(u.stime)
+}
+
 /// A PostgreSQL connection whose protocol task runs on its own.
 pub async fn pg_connect(dsn: &str) -> Res<tokio_postgres::Client> {
     let (client, conn) = tokio_postgres::connect(dsn, tokio_postgres::NoTls).await?;

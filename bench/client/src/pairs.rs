@@ -2,7 +2,7 @@
 //! each on names of its own (a pool of 1000), so clients never contend and
 //! what is measured is the server's cost of a grant and a release.
 
-use crate::{percentile, pg_connect, Line, Opts, Res};
+use crate::{cpu_s, percentile, pg_connect, window, window_async, Line, Opts, Res};
 use etcd_client::LockOptions;
 use redis::IntoConnectionInfo;
 use std::sync::Arc;
@@ -173,9 +173,24 @@ struct ClientRun {
     errors: u64,
     last_error: Option<String>,
     finished: Instant,
+    /// the connection, kept open until the measured window has closed
+    _conn: Option<Box<dyn std::any::Any + Send>>,
 }
 
-async fn client(target: Target, c: u32, start: Arc<Barrier>, seconds: f64, count: u64) -> Res<ClientRun> {
+/// Every client's setup done (ready), then the clock starts (go): between the
+/// two, the measured window opens.
+struct Start<B> {
+    ready: B,
+    go: B,
+}
+
+async fn client(
+    target: Target,
+    c: u32,
+    start: Arc<Start<Barrier>>,
+    seconds: f64,
+    count: u64,
+) -> Res<ClientRun> {
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (u64::from(c) + 1).wrapping_mul(0xBF58_476D_1CE4_E5B9));
     let setup = async {
         let mut d = target.connect().await?;
@@ -185,10 +200,12 @@ async fn client(target: Target, c: u32, start: Arc<Barrier>, seconds: f64, count
         Res::Ok(d)
     }
     .await;
-    start.wait().await; // even after a failed setup, so that nobody waits forever
+    start.ready.wait().await; // even after a failed setup, so that nobody waits forever
+    start.go.wait().await;
     let mut d = setup?;
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
-    let mut run = ClientRun { lat_ms: Vec::new(), errors: 0, last_error: None, finished: Instant::now() };
+    let mut run =
+        ClientRun { lat_ms: Vec::new(), errors: 0, last_error: None, finished: Instant::now(), _conn: None };
     let mut i = WARMUP;
     while if count > 0 { i - WARMUP < count } else { Instant::now() < deadline } {
         let t0 = Instant::now();
@@ -205,6 +222,7 @@ async fn client(target: Target, c: u32, start: Arc<Barrier>, seconds: f64, count
         i += 1;
     }
     run.finished = Instant::now();
+    run._conn = Some(Box::new(d));
     Ok(run)
 }
 
@@ -222,23 +240,29 @@ pub async fn run(cmd: &str, o: &Opts) -> Res<()> {
     let seconds: f64 = o.num("seconds", 4.0)?;
     let count: u64 = o.num("count", 0)?;
 
-    let start = Arc::new(Barrier::new(clients as usize + 1));
+    let n = clients as usize + 1;
+    let start = Arc::new(Start { ready: Barrier::new(n), go: Barrier::new(n) });
     let tasks: Vec<_> = (0..clients)
         .map(|c| tokio::spawn(client(target.clone(), c, start.clone(), seconds, count)))
         .collect();
-    start.wait().await;
+    start.ready.wait().await;
+    window_async("start")?;
+    let cpu0 = cpu_s();
+    start.go.wait().await;
     let t0 = Instant::now();
     let mut runs = Vec::new();
     for t in tasks {
         runs.push(t.await??);
     }
-    report(&kind, clients, t0, &runs);
+    let cpu = cpu_s() - cpu0;
+    window_async("end")?;
+    report(&kind, clients, t0, &runs, cpu);
     Ok(())
 }
 
 /// The JSON line of a pairs run: pairs/s over the time to the last client's
 /// end, p50/p99 of a pair, count and errors.
-fn report(kind: &str, clients: u32, t0: Instant, runs: &[ClientRun]) {
+fn report(kind: &str, clients: u32, t0: Instant, runs: &[ClientRun], cpu: f64) {
     let elapsed = runs.iter().map(|r| r.finished).max().unwrap_or(t0) - t0;
     let mut lat: Vec<f64> = runs.iter().flat_map(|r| r.lat_ms.iter().copied()).collect();
     lat.sort_by(f64::total_cmp);
@@ -249,6 +273,9 @@ fn report(kind: &str, clients: u32, t0: Instant, runs: &[ClientRun]) {
         .n("seconds", elapsed.as_secs_f64())
         .raw("count", lat.len())
         .raw("warmup", WARMUP * u64::from(clients))
+        .raw("window_ops", lat.len())
+        .raw("total_ops", lat.len() as u64 + WARMUP * u64::from(clients))
+        .n("client_cpu_s", cpu)
         .n("per_s", lat.len() as f64 / elapsed.as_secs_f64())
         .n("p50_ms", percentile(&lat, 50.0))
         .n("p99_ms", percentile(&lat, 99.0))
@@ -268,25 +295,31 @@ pub fn run_redis_sync(o: &Opts) -> Res<()> {
     let clients: u32 = o.num("clients", 1)?;
     let seconds: f64 = o.num("seconds", 4.0)?;
     let count: u64 = o.num("count", 0)?;
-    let start = Arc::new(std::sync::Barrier::new(clients as usize + 1));
+    let n = clients as usize + 1;
+    let start = Arc::new(Start { ready: std::sync::Barrier::new(n), go: std::sync::Barrier::new(n) });
     let threads: Vec<_> = (0..clients)
         .map(|c| {
             let start = start.clone();
             std::thread::spawn(move || redis_sync_client(port, c, &start, seconds, count))
         })
         .collect();
-    start.wait();
+    start.ready.wait();
+    window("start")?;
+    let cpu0 = cpu_s();
+    start.go.wait();
     let t0 = Instant::now();
     let runs: Vec<ClientRun> =
         threads.into_iter().map(|t| t.join().expect("client thread panicked")).collect::<Res<_>>()?;
-    report("redis-sync", clients, t0, &runs);
+    let cpu = cpu_s() - cpu0;
+    window("end")?;
+    report("redis-sync", clients, t0, &runs, cpu);
     Ok(())
 }
 
 fn redis_sync_client(
     port: u16,
     c: u32,
-    start: &std::sync::Barrier,
+    start: &Start<std::sync::Barrier>,
     seconds: f64,
     count: u64,
 ) -> Res<ClientRun> {
@@ -309,10 +342,12 @@ fn redis_sync_client(
         }
         Res::Ok((con, sha))
     })();
-    start.wait(); // even after a failed setup, so that nobody waits forever
+    start.ready.wait(); // even after a failed setup, so that nobody waits forever
+    start.go.wait();
     let (mut con, sha) = setup?;
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
-    let mut run = ClientRun { lat_ms: Vec::new(), errors: 0, last_error: None, finished: Instant::now() };
+    let mut run =
+        ClientRun { lat_ms: Vec::new(), errors: 0, last_error: None, finished: Instant::now(), _conn: None };
     let mut i = WARMUP;
     while if count > 0 { i - WARMUP < count } else { Instant::now() < deadline } {
         let t0 = Instant::now();
@@ -329,5 +364,6 @@ fn redis_sync_client(
         i += 1;
     }
     run.finished = Instant::now();
+    run._conn = Some(Box::new(con));
     Ok(run)
 }

@@ -17,7 +17,7 @@
 //! against the stock the table has left.
 
 use crate::pq::{Pg, PgError};
-use crate::{percentile, Line, Opts, Res};
+use crate::{cpu_s, percentile, window, Line, Opts, Res};
 use redis::IntoConnectionInfo;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::mpsc;
@@ -83,7 +83,9 @@ struct Cfg {
 /// What the worker threads share.
 struct Shared {
     cfg: Cfg,
-    start: Barrier,
+    /// every worker's setup and warm-up done; then the clock starts
+    ready: Barrier,
+    go: Barrier,
     pauses: AtomicU64,
     /// etcd: each worker's lease, kept alive by the keep-alive thread unless
     /// the worker is in its pause (a paused process renews nothing).
@@ -418,6 +420,8 @@ struct WorkerRun {
     pauses: u64,
     error: Option<String>,
     finished: Instant,
+    /// the worker and its connections, kept until the measured window has closed
+    _keep: Option<Worker>,
 }
 
 fn worker(id: usize, sh: Arc<Shared>) -> WorkerRun {
@@ -430,6 +434,7 @@ fn worker(id: usize, sh: Arc<Shared>) -> WorkerRun {
         pauses: 0,
         error: None,
         finished: Instant::now(),
+        _keep: None,
     };
     let setup = Worker::connect(id, sh.clone()).and_then(|mut w| {
         for _ in 0..WARMUP {
@@ -439,7 +444,8 @@ fn worker(id: usize, sh: Arc<Shared>) -> WorkerRun {
         }
         Ok(w)
     });
-    sh.start.wait(); // even after a failed setup, so that nobody waits forever
+    sh.ready.wait(); // even after a failed setup, so that nobody waits forever
+    sh.go.wait();
     let mut w = match setup {
         Ok(w) => w,
         Err(e) => {
@@ -462,6 +468,7 @@ fn worker(id: usize, sh: Arc<Shared>) -> WorkerRun {
     }
     run.finished = Instant::now();
     (run.fenced_off, run.late_releases, run.pauses) = (w.fenced_off, w.late_releases, w.pauses);
+    run._keep = Some(w);
     run
 }
 
@@ -508,7 +515,8 @@ pub fn run(o: &Opts) -> Res<()> {
     }
     let sh = Arc::new(Shared {
         cfg,
-        start: Barrier::new(workers + 1),
+        ready: Barrier::new(workers + 1),
+        go: Barrier::new(workers + 1),
         pauses: AtomicU64::new(0),
         leases: (0..workers).map(|_| Mutex::new(Slot::default())).collect(),
     });
@@ -523,9 +531,14 @@ pub fn run(o: &Opts) -> Res<()> {
             std::thread::spawn(move || worker(id, sh))
         })
         .collect();
-    sh.start.wait();
+    sh.ready.wait();
+    window("start")?;
+    let cpu0 = cpu_s();
+    sh.go.wait();
     let t0 = Instant::now();
     let runs: Vec<WorkerRun> = threads.into_iter().map(|t| t.join().expect("worker panicked")).collect();
+    let cpu = cpu_s() - cpu0;
+    window("end")?;
     drop(stop);
     if let Some(k) = keeper {
         k.join().expect("keep-alive panicked")?;
@@ -557,6 +570,9 @@ pub fn run(o: &Opts) -> Res<()> {
         .raw("late_releases", runs.iter().map(|r| r.late_releases).sum::<u64>())
         .raw("pauses", runs.iter().map(|r| r.pauses).sum::<u64>())
         .raw("warmup", WARMUP * workers as u64)
+        .raw("window_ops", lat.len())
+        .raw("total_ops", lat.len() as u64 + WARMUP * workers as u64)
+        .n("client_cpu_s", cpu)
         .raw("acks", acks_json)
         .raw("errors", 0)
         .print();
