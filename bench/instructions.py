@@ -6,9 +6,10 @@ A single-user PostgreSQL 15 backend (`postgres --single`, no client, no
 network) runs each row's statements under `valgrind --tool=callgrind`,
 driven line by line from here (each line its own transaction unless the row
 opens one), with prepared statements (PREPARE / EXECUTE). Each row runs
-twice, WARM operations and WARM + N operations, in fresh sessions; the
-difference of the two totals over N is the row's cost per operation, free
-of start-up and of the warm-up (caches, plans). The same difference per
+twice, WARM operations and WARM + N operations, in fresh sessions that
+start from a vacuumed database; the difference of the two totals over N is
+the row's cost per operation, free of start-up and of the warm-up (caches,
+plans). The same difference per
 function (callgrind_annotate --inclusive) gives the profile: where an
 operation's instructions go. Tokens come back as results and go into the
 next statement as literals, so a release costs nothing extra.
@@ -250,6 +251,11 @@ def setup():
 
 
 def session(tag, setup_lines, op, first, count):
+    # Both sessions of a row start from the same state: no dead rows left by
+    # the rows before (single-user mode runs no autovacuum).
+    v = Single(f"{tag}_vacuum", callgrind=False)
+    v.run("VACUUM")
+    v.close()
     s = Single(tag)
     for line in setup_lines:
         s.run(line)
