@@ -77,6 +77,25 @@ def run_sql_file(db, path):
                     "-d", dsn(db), "-f", str(path)], check=True, stdout=subprocess.DEVNULL)
 
 
+def build_noop_trigger(so):
+    """noop_trigger.c built against this server's headers into `so`: None,
+    or why not (no C compiler, no headers)."""
+    import shutil
+    inc = subprocess.run([os.path.join(PG_BINDIR, "pg_config"), "--includedir-server"],
+                         capture_output=True, text=True).stdout.strip()
+    if not os.path.exists(os.path.join(inc, "postgres.h")):
+        inc = "/usr/include/postgresql/15/server"  # a relocated server without its headers: Debian's, same major
+    cc = next((c for c in ("cc", "gcc", "clang") if shutil.which(c)), None)
+    if cc is None:
+        return "no C compiler"
+    out = subprocess.run([cc, "-O2", "-fPIC", "-shared", "-I", inc, "-o", str(so), str(HERE / "noop_trigger.c")],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        return f"noop_trigger.c did not build ({out.stderr.strip()[:200]})"
+    os.chmod(so, 0o755)
+    return None
+
+
 # -- statistics ---------------------------------------------------------------
 
 def percentile(values, p):

@@ -6,11 +6,8 @@ costs of every row. The UPDATE rows are the same pgbench script on three
 tables, so the comparison is like for like; report.py takes the ratios run
 by run."""
 
-import os
-import subprocess
-
-from benchlib import (DURABLE, HERE, PG_BINDIR, WORK, connect, fresh_database, interleaved, log, pgbench, save,
-                      summarize_runs)
+from benchlib import (DURABLE, HERE, WORK, build_noop_trigger, connect, fresh_database, interleaved, log, pgbench,
+                      save, summarize_runs)
 from costs import Meter, summarize_costs
 
 DB = "bench_guard"
@@ -19,28 +16,14 @@ MAX_CLIENTS = max(CLIENTS)
 NOOP = "UPDATE, no-op C trigger"
 
 
-def build_noop_trigger():
-    """noop_trigger.c built against this server's headers into the work
-    directory: (path of the .so, None) or (None, why not)."""
-    inc = subprocess.run([os.path.join(PG_BINDIR, "pg_config"), "--includedir-server"],
-                         capture_output=True, text=True).stdout.strip()
-    if not os.path.exists(os.path.join(inc, "postgres.h")):
-        inc = "/usr/include/postgresql/15/server"  # a relocated server without its headers: Debian's, same major
-    so = WORK / "noop_trigger.so"
-    out = subprocess.run(["cc", "-O2", "-fPIC", "-shared", "-I", inc, "-o", str(so), str(HERE / "noop_trigger.c")],
-                         capture_output=True, text=True)
-    if out.returncode != 0:
-        return None, f"skipped: noop_trigger.c did not build ({out.stderr.strip()[:200]})"
-    os.chmod(so, 0o755)
-    return so, None
-
-
 def setup():
     """Tables with one row per client. The guarded table's rows are each
     under a lease (1 hour) taken in advance, with consecutive tokens, so a
     pgbench client computes its token as base + client_id."""
     fresh_database(DB)
-    so, skipped = build_noop_trigger()
+    so = WORK / "noop_trigger.so"
+    why = build_noop_trigger(so)
+    so, skipped = (None, f"skipped: {why}") if why else (so, None)
     with connect(DB) as c:
         for t in ("bench_guarded", "bench_plain", "bench_noop", "bench_cycle"):
             c.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, v bigint NOT NULL DEFAULT 0, fence_token bigint)")

@@ -25,7 +25,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from benchlib import HERE, PG_BINDIR, SMOKE, log, save
+from benchlib import HERE, PG_BINDIR, SMOKE, build_noop_trigger, log, save
 from costs import ROOT
 
 CG = ROOT / "bench_cg"
@@ -209,18 +209,14 @@ def cluster(cmd, *args):
 
 def setup():
     """The scratch cluster with every row's objects, through a server on a
-    Unix socket only; returns (the guarded row's token, extension >= 0.3.0)."""
+    Unix socket only; returns (the guarded row's token, extension >= 0.3.0,
+    its version, why the no-op trigger could not be built or None)."""
     import psycopg
     cluster("stop")
     shutil.rmtree(CG, ignore_errors=True)
     cluster("start", "listen_addresses = ''", "max_wal_size = 2GB")
     so = CG / "noop_trigger.so"
-    inc = subprocess.run([os.path.join(PG_BINDIR, "pg_config"), "--includedir-server"], capture_output=True,
-                         text=True).stdout.strip()
-    if not os.path.exists(os.path.join(inc, "postgres.h")):
-        inc = "/usr/include/postgresql/15/server"
-    subprocess.run(["cc", "-O2", "-fPIC", "-shared", "-I", inc, "-o", str(so), str(HERE / "noop_trigger.c")],
-                   check=True)
+    noop = build_noop_trigger(so)  # None, or why the no-op trigger row is left out
     try:
         with psycopg.connect(f"host={CG} port=5560 dbname={DB} user=postgres", autocommit=True) as c:
             c.execute("CREATE EXTENSION fenced_lock")
@@ -228,9 +224,11 @@ def setup():
             c.execute('CREATE TABLE bench_floor (name text COLLATE "C" PRIMARY KEY, token bigint NOT NULL)')
             for t in ("bench_plain", "bench_noop", "bench_guarded"):
                 c.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, v bigint NOT NULL DEFAULT 0, fence_token bigint)")
-            c.execute(f"CREATE FUNCTION bench_noop_trigger() RETURNS trigger LANGUAGE c AS '{so}', 'bench_noop_trigger'")
-            c.execute("CREATE TRIGGER noop BEFORE INSERT OR UPDATE OR DELETE ON bench_noop FOR EACH ROW"
-                      " EXECUTE FUNCTION bench_noop_trigger()")
+            if noop is None:
+                c.execute(f"CREATE FUNCTION bench_noop_trigger() RETURNS trigger LANGUAGE c"
+                          f" AS '{so}', 'bench_noop_trigger'")
+                c.execute("CREATE TRIGGER noop BEFORE INSERT OR UPDATE OR DELETE ON bench_noop FOR EACH ROW"
+                          " EXECUTE FUNCTION bench_noop_trigger()")
             c.execute("CREATE TRIGGER fence BEFORE INSERT OR UPDATE OR DELETE ON bench_guarded FOR EACH ROW"
                       " EXECUTE FUNCTION fenced_lock_guard('item:{id}', 'fence_token')")
             for t in ("sale", "sale_plain"):
@@ -247,7 +245,7 @@ def setup():
             c.execute("CHECKPOINT")
     finally:
         cluster("stop")
-    return token, tuple(int(x) for x in v.split(".")[:3]) >= (0, 3, 0), v
+    return token, tuple(int(x) for x in v.split(".")[:3]) >= (0, 3, 0), v, noop
 
 
 def session(tag, setup_lines, op, first, count):
@@ -301,9 +299,11 @@ def main():
         save("instructions", {"skipped": "valgrind is not installed", "rows": []})
         return
     CG.mkdir(parents=True, exist_ok=True)
-    token, v03, version = setup()
+    token, v03, version, noop = setup()
     out = []
     todo = rows(token, v03)
+    if noop:
+        del todo["UPDATE, no-op C trigger"]
     if SMOKE:  # one row of each kind: a plain statement, a pair, a critical section
         todo = {k: v for k, v in todo.items() if k in SMOKE_ROWS}
     for k, (name, (what, lines, op)) in enumerate(todo.items()):
@@ -316,7 +316,7 @@ def main():
         prof = sorted(((f, x) for f, x in diff.items() if shown(f)), key=lambda fx: -fx[1])[:TOP]
         out.append({"row": name, "what": what, "per_op": per_op, "profile": [[f, x] for f, x in prof]})
     save("instructions", {"skipped": None, "version": version, "ops": N, "warm": WARM,
-                          "rows": out, "v03": v03})
+                          "rows": out, "v03": v03, "noop": noop})
 
 
 if __name__ == "__main__":
