@@ -17,7 +17,7 @@ PostgreSQL and redis-rs or etcd-client for the lock service. Rows:
                SELECT; UPDATE; plpgsql_lease.release
   forupdate    BEGIN; SELECT ... FOR UPDATE; UPDATE; COMMIT: no lease at all
 
-Shapes: 8 workers on 1,000 items (nobody contends), 16 workers on 1 hot item
+Shapes: 8 workers on 1,000 items (contention is rare), 16 workers on 1 hot item
 (handoff decides), and the hot item with a 1 s ttl where one critical
 section in 200 sleeps 1.5 s between its read and its write, as a GC pause
 would. Every sale is checked against the stock the table has left, item by
