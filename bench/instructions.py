@@ -34,7 +34,8 @@ N = 20 if SMOKE else int(os.environ.get("FL_BENCH_CG_OPS", "400"))
 WARM = 5 if SMOKE else 30
 DB = "postgres"
 AS_POSTGRES = [] if os.geteuid() != 0 else ["sudo", "-u", "postgres"]
-SMOKE_ROWS = ("floor: INSERT + DELETE", "fenced_lock pair", "sale: fenced_lock, one transaction")
+SMOKE_ROWS = ("floor: INSERT + DELETE", "fenced_lock pair", "sale: fenced_lock, one transaction",
+              "try_acquire_all + release_all, 2 names")  # the last one with 0.3.0
 TOP = 16  # profile lines per row
 # PostgreSQL's building blocks shown in a profile, beside the extension's own
 # functions: what a lease change or a guarded write is made of.
@@ -304,7 +305,7 @@ def main():
     todo = rows(token, v03)
     if noop:
         del todo["UPDATE, no-op C trigger"]
-    if SMOKE:  # one row of each kind: a plain statement, a pair, a critical section
+    if SMOKE:  # one row of each kind: plain statements, a pair, a critical section, arrays of names
         todo = {k: v for k, v in todo.items() if k in SMOKE_ROWS}
     for k, (name, (what, lines, op)) in enumerate(todo.items()):
         log(f"instructions: {name} ({WARM} + {N} operations under callgrind)")

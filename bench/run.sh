@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # `make bench`: fenced_lock beside its baselines and peers, printed as Markdown
-# with the speed targets, and written to bench/results/latest.{md,png,json}.
-# About 15 minutes; see bench/README.md.
+# with the speed targets, and written to bench/results/latest.{md,json} with
+# the charts latest.png and latest_e2e.png. About 35 minutes; see bench/README.md.
 # FL_BENCH_SMOKE=1 (`make bench-smoke`): every code path once with tiny counts,
-# under a minute; fails only if a script breaks, never on timings.
+# about a minute; fails only if a script breaks, never on timings.
 # FL_BENCH_SECTIONS="pairs waiting": only these sections (the report then
 # notes the others as missing and exits non-zero).
 set -euo pipefail
