@@ -30,7 +30,9 @@ SMOKE_TX = 30  # pgbench transactions (flbench pairs) per client in smoke mode
 HERE = Path(__file__).resolve().parent
 WORK = Path(os.environ.get("FL_BENCH_WORK", "/tmp/fenced_lock_tests/bench_work"))
 PG_PORT = 5560
-PGBENCH = "/usr/lib/postgresql/15/bin/pgbench"
+PG_BINDIR = os.environ.get("PG_BINDIR", "/usr/lib/postgresql/15/bin")  # set by run.sh
+PGBENCH = os.path.join(PG_BINDIR, "pgbench")
+PSQL = os.path.join(PG_BINDIR, "psql")
 FLBENCH = HERE / "client" / "target" / "release" / "flbench"  # built by run.sh
 DURABLE = "fsync=on, synchronous_commit=on"
 
@@ -71,8 +73,27 @@ def database_setting(db, name, value):
 
 
 def run_sql_file(db, path):
-    subprocess.run(["/usr/lib/postgresql/15/bin/psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-c", "SET client_min_messages = warning",
+    subprocess.run([PSQL, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-c", "SET client_min_messages = warning",
                     "-d", dsn(db), "-f", str(path)], check=True, stdout=subprocess.DEVNULL)
+
+
+def build_noop_trigger(so):
+    """noop_trigger.c built against this server's headers into `so`: None,
+    or why not (no C compiler, no headers)."""
+    import shutil
+    inc = subprocess.run([os.path.join(PG_BINDIR, "pg_config"), "--includedir-server"],
+                         capture_output=True, text=True).stdout.strip()
+    if not os.path.exists(os.path.join(inc, "postgres.h")):
+        inc = "/usr/include/postgresql/15/server"  # a relocated server without its headers: Debian's, same major
+    cc = next((c for c in ("cc", "gcc", "clang") if shutil.which(c)), None)
+    if cc is None:
+        return "no C compiler"
+    out = subprocess.run([cc, "-O2", "-fPIC", "-shared", "-I", inc, "-o", str(so), str(HERE / "noop_trigger.c")],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        return f"noop_trigger.c did not build ({out.stderr.strip()[:200]})"
+    os.chmod(so, 0o755)
+    return None
 
 
 # -- statistics ---------------------------------------------------------------
@@ -94,11 +115,13 @@ def summary(values):
 
 # -- pgbench ------------------------------------------------------------------
 
-def pgbench(db, script, clients, defines=None, seconds=None, tag="run", statements=False):
-    """One pgbench run of `script` (path); returns tps and latency percentiles
-    (ms) of the whole script from pgbench's per-transaction log; with
-    `statements`, also each statement's mean latency (ms), by its first word
-    after SELECT (e.g. "fenced_lock_try_acquire")."""
+def pgbench(db, script, clients, defines=None, seconds=None, tag="run", statements=False, options=None):
+    """One pgbench run of `script` (path); returns tps, the transactions
+    done (n) and latency percentiles (ms) of the whole script from pgbench's
+    per-transaction log; with `statements`, also each statement's mean
+    latency (ms), by its first word after SELECT (e.g.
+    "fenced_lock_try_acquire"). `options` go to every session (PGOPTIONS,
+    e.g. "-c synchronous_commit=off")."""
     WORK.mkdir(parents=True, exist_ok=True)
     prefix = WORK / f"pgb_{tag}"
     for f in glob.glob(f"{prefix}.*"):
@@ -114,7 +137,8 @@ def pgbench(db, script, clients, defines=None, seconds=None, tag="run", statemen
     if statements:
         args.append("-r")
     args.append(db)
-    out = subprocess.run(args, capture_output=True, text=True)
+    env = dict(os.environ, PGOPTIONS=options) if options else None
+    out = subprocess.run(args, capture_output=True, text=True, env=env)
     if out.returncode != 0 or "aborted" in out.stdout + out.stderr:
         raise RuntimeError(f"pgbench {script} failed:\n{out.stdout}\n{out.stderr}")
     tps = None
@@ -145,28 +169,38 @@ def pgbench(db, script, clients, defines=None, seconds=None, tag="run", statemen
 
 # -- flbench ------------------------------------------------------------------
 
-def flbench(cmd, *args, **opts):
-    """One run of the compiled client (bench/client); its JSON line as a dict.
-    Options are given as keywords (waiters=10 -> --waiters 10). Any failed
-    call fails the bench: a broken run must not produce a figure."""
-    argv = [str(FLBENCH), cmd, *map(str, args)]
-    for k, v in opts.items():
-        argv += [f"--{k}", str(v)]
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=900)
-    if out.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv[1:])} failed:\n{out.stderr}")
-    res = json.loads(out.stdout.strip().splitlines()[-1])
+def check_flbench(res, argv):
+    """A flbench result whose run had a failed call fails the bench: a broken
+    run must not produce a figure."""
     if res.get("errors"):
-        raise RuntimeError(f"{' '.join(argv[1:])}: {res['errors']} errors, the last: {res.get('error')}")
+        raise RuntimeError(f"{' '.join(map(str, argv[1:]))}: {res['errors']} errors, the last: {res.get('error')}")
     return res
 
 
-def flbench_pairs(cmd, *args, clients):
+def flbench(cmd, *args, meter=None, servers=(), **opts):
+    """One run of the compiled client (bench/client); its JSON line as a dict.
+    Options are given as keywords (waiters=10 -> --waiters 10). With a meter
+    (costs.Meter), the run is measured over its window on `servers` and the
+    result has its "costs"."""
+    argv = [str(FLBENCH), cmd, *map(str, args)]
+    for k, v in opts.items():
+        argv += [f"--{k}", str(v)]
+    if meter is not None:
+        return meter.flbench(argv, servers)
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+    if out.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv[1:])} failed:\n{out.stderr}")
+    return check_flbench(json.loads(out.stdout.strip().splitlines()[-1]), argv)
+
+
+def flbench_pairs(cmd, *args, clients, meter=None, servers=()):
     """A pairs run (pairs-pg/-redis/-etcd) at `clients` clients, in the shape
-    pgbench() returns: pairs/s and p50/p99 of a pair in ms."""
+    pgbench() returns: pairs/s, pairs done (n) and p50/p99 of a pair in ms,
+    with its costs if measured."""
     length = {"count": SMOKE_TX} if SMOKE else {"seconds": SECONDS}
-    r = flbench(cmd, *args, clients=clients, **length)
-    return {"tps": r["per_s"], "p50": r["p50_ms"], "p99": r["p99_ms"], "n": r["count"]}
+    r = flbench(cmd, *args, clients=clients, meter=meter, servers=servers, **length)
+    out = {"tps": r["per_s"], "p50": r["p50_ms"], "p99": r["p99_ms"], "n": r["count"]}
+    return dict(out, costs=r["costs"]) if "costs" in r else out
 
 
 def interleaved(configs, run_one, runs=None):

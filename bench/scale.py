@@ -18,6 +18,7 @@ import time
 
 from benchlib import (DURABLE, HERE, PG_PORT, PGBENCH, SMOKE, connect, database_setting, fresh_database,
                       interleaved, log, pgbench, save, summary)
+from costs import Meter, summarize_costs
 
 LEVELS = [1_000, 2_000, 5_000] if SMOKE else [1_000, 100_000, 1_000_000]
 CHURN_SECONDS = 2 if SMOKE else int(os.environ.get("FL_BENCH_CHURN_SECONDS", "150"))
@@ -63,7 +64,7 @@ def records(c):
           FROM {t}""").fetchone()
 
 
-def latency_by_size():
+def latency_by_size(meter):
     db = "bench_scale"
     fresh_database(db)
     rows = []
@@ -73,8 +74,9 @@ def latency_by_size():
             log(f"scale: {level} live leases")
             fill(c, level, have)
             have = level
-            runs = interleaved(["pair"], lambda _: pgbench(db, HERE / "pgbench" / "scale_pair.sql", 1,
-                                                          tag="scale", statements=True))["pair"]
+            runs = interleaved(["pair"], lambda _: meter.run(
+                lambda: pgbench(db, HERE / "pgbench" / "scale_pair.sql", 1, tag="scale", statements=True),
+                ["pg"], lambda r: r["n"]))["pair"]
             n, live, size = records(c)[:3]
             if live < level:
                 raise RuntimeError(f"scale: expected {level} live leases, found {live}")
@@ -83,7 +85,8 @@ def latency_by_size():
                          "p50": summary([r["p50"] for r in runs]),
                          "p99": summary([r["p99"] for r in runs]),
                          "acquire_mean": summary([r["statements"].get("fenced_lock_try_acquire")
-                                                  for r in runs])})
+                                                  for r in runs]),
+                         "costs": summarize_costs(runs)})
     return rows
 
 
@@ -93,7 +96,7 @@ def sample(c, t0, tok0):
             "grants": tok - tok0, "history": hist, "history_size": hist_size}
 
 
-def churn():
+def churn(meter):
     db = "bench_churn"
     fresh_database(db)
     retention = "60 s" if database_setting(db, "fenced_lock.history_retention", 60) else None
@@ -104,28 +107,37 @@ def churn():
             insert_leases(c, "old:", 1, 100, "-3 min", "-2 min", "1 min")
         tok0 = records(c)[4]
         samples = [sample(c, time.monotonic(), tok0)]
-        bench = subprocess.Popen(
-            [PGBENCH, "-n", "-M", "prepared", "-h", "127.0.0.1", "-p", str(PG_PORT), "-U", "postgres",
-             "-c", "1", "-j", "1", "-T", str(CHURN_SECONDS), "-f", str(HERE / "pgbench" / "churn.sql"), db],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        t0 = time.monotonic()
-        while True:
-            time.sleep(SAMPLE_EVERY - (time.monotonic() - t0) % SAMPLE_EVERY)
-            if bench.poll() is not None:
-                break
+
+        def run():
+            bench = subprocess.Popen(
+                [PGBENCH, "-n", "-M", "prepared", "-h", "127.0.0.1", "-p", str(PG_PORT), "-U", "postgres",
+                 "-c", "1", "-j", "1", "-T", str(CHURN_SECONDS), "-f", str(HERE / "pgbench" / "churn.sql"), db],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            t0 = time.monotonic()
+            while True:
+                time.sleep(SAMPLE_EVERY - (time.monotonic() - t0) % SAMPLE_EVERY)
+                if bench.poll() is not None:
+                    break
+                samples.append(sample(c, t0, tok0))
+            output = bench.stdout.read()
+            if bench.returncode != 0 or "aborted" in output:
+                raise RuntimeError(f"churn pgbench failed:\n{output}")
             samples.append(sample(c, t0, tok0))
-        output = bench.stdout.read()
-        if bench.returncode != 0 or "aborted" in output:
-            raise RuntimeError(f"churn pgbench failed:\n{output}")
-        samples.append(sample(c, t0, tok0))
+            return {"grants": samples[-1]["grants"]}
+
+        costs = meter.run(run, ["pg"], lambda r: r["grants"])["costs"]
         reaped_old = c.execute(f"SELECT count(*) FROM {tables(c)[0]} WHERE name LIKE 'old:%'"
                                ).fetchone()[0] if SMOKE else None
     return {"seconds": CHURN_SECONDS, "ttl": "1 s", "samples": samples, "history_retention": retention,
-            "smoke_old_records_left": reaped_old}
+            "smoke_old_records_left": reaped_old, "costs": summarize_costs([{"costs": costs}])}
 
 
 def main():
-    save("scale", {"durability": DURABLE, "levels": latency_by_size(), "churn": churn()})
+    meter = Meter()
+    try:
+        save("scale", {"durability": DURABLE, "levels": latency_by_size(meter), "churn": churn(meter)})
+    finally:
+        meter.close()
 
 
 if __name__ == "__main__":

@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # Scratch servers for the benchmarks, all on loopback, all under /tmp.
 #   bench/servers.sh start pg|peers      stop pg|peers|all
-# PostgreSQL 15: 127.0.0.1:5560 (fsync=on, synchronous_commit=on), started as `postgres`.
-# Redis 7:       6390 appendonly yes + appendfsync always, 6391 appendonly yes + appendfsync everysec.
-# etcd 3.4:      client 2390, peer 2391, default fsync (one WAL fsync per commit).
+# PostgreSQL 15: 127.0.0.1:5560 (fsync=on, synchronous_commit=on), started as `postgres`
+#                from $PG_BINDIR (default Debian's).
+# Redis 7:       6390 appendonly yes + appendfsync always, 6391 appendonly yes + appendfsync everysec;
+#                no automatic AOF rewrite, so the AOF's size counts the bytes written.
+# etcd 3.4:      client 2390, peer 2391, default fsync (one WAL fsync per commit); heartbeat
+#                50 ms / election 500 ms, so that it grants a 1 s lease as asked (its least TTL
+#                is 1.5 election timeouts, rounded up to a second: 2 s with the defaults).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export PG_BINDIR=${PG_BINDIR:-/usr/lib/postgresql/15/bin}
 ROOT=/tmp/fenced_lock_tests
 PG_DIR=$ROOT/bench_pg
 PG_PORT=5560
@@ -21,7 +26,7 @@ redis() {  # name port fsync-policy
   local dir=$ROOT/bench_redis_$1
   rm -rf "$dir" && mkdir -p "$dir"
   redis-server --port "$2" --bind 127.0.0.1 --dir "$dir" --save '' --appendonly yes \
-    --appendfsync "$3" --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log"
+    --appendfsync "$3" --auto-aof-rewrite-percentage 0 --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log"
 }
 
 start_etcd() {
@@ -31,6 +36,7 @@ start_etcd() {
     --listen-client-urls http://127.0.0.1:2390 --advertise-client-urls http://127.0.0.1:2390 \
     --listen-peer-urls http://127.0.0.1:2391 --initial-advertise-peer-urls http://127.0.0.1:2391 \
     --initial-cluster bench=http://127.0.0.1:2391 --log-level error \
+    --heartbeat-interval 50 --election-timeout 500 \
     >"$dir/etcd.log" 2>&1 &
   echo $! >"$dir/etcd.pid"
 }
@@ -74,6 +80,6 @@ case "${1:-} ${2:-}" in
   ;;
 "stop pg") bash scripts/cluster.sh stop "$PG_DIR" ;;
 "stop peers") stop_peers ;;
-"stop all") stop_peers; bash scripts/cluster.sh stop "$PG_DIR" ;;
+"stop all") stop_peers; bash scripts/cluster.sh stop "$PG_DIR"; bash scripts/cluster.sh stop "$ROOT/bench_cg" ;;
 *) echo "usage: $0 start pg|peers | stop pg|peers|all" >&2; exit 2 ;;
 esac

@@ -16,6 +16,7 @@
 """
 
 from benchlib import DURABLE, RUNS, SMOKE, dsn, flbench, fresh_database, interleaved, log, save, summary
+from costs import Meter, summarize_costs
 
 DB = "bench_wait"
 WAITERS = [3] if SMOKE else [1, 10, 100]
@@ -32,15 +33,18 @@ METHODS = {
 
 def handoffs():
     rows = []
+    meter = Meter()
     for waiters in WAITERS:
         log(f"waiting: handoff, {waiters} waiter(s)")
         runs = interleaved(list(METHODS), lambda m: flbench("handoff", dsn=dsn(DB), waiters=waiters,
-                                                            trials=TRIALS, method=m), WAIT_RUNS)
+                                                            trials=TRIALS, method=m, meter=meter, servers=["pg"]),
+                           WAIT_RUNS)
         for m in METHODS:
             rows.append({"method": METHODS[m], "queue": m == "queue", "waiters": waiters,
                          **{f: summary([r[k] for r in runs[m]])
                             for f, k in (("p50", "p50_ms"), ("p99", "p99_ms"), ("mean_waiting", "mean_waiting"))},
-                         "handoffs": sum(r["handoffs"] for r in runs[m])})
+                         "handoffs": sum(r["handoffs"] for r in runs[m]), "costs": summarize_costs(runs[m])})
+    meter.close()
     return rows
 
 

@@ -3,15 +3,18 @@
 //! the servers, not the client. Every subcommand prints one JSON line.
 //!
 //!   pairs-pg     --dsn D --kind fenced|plpgsql|floor1|floor2|advisory
-//!   pairs-redis  --port P
+//!   pairs-redis  --port P [--client async|sync]
 //!   pairs-etcd   --endpoint http://127.0.0.1:2390
 //!                (all three: --clients N --seconds S, or --count C pairs per client)
+//!   sale         --row R --dsn D ... (the end-to-end critical section, src/sale.rs)
 //!   handoff      --dsn D --waiters N --trials T [--method queue|backoff]
 //!   idle-cpu     --dsn D --waiters N --seconds S [--method queue|backoff]
 //!   session-kill --dsn D --trials T
 //!   hold         --dsn D --name X     (session-kill's holder process)
 
 mod pairs;
+mod pq;
+mod sale;
 mod waiting;
 
 use std::collections::HashMap;
@@ -101,6 +104,51 @@ impl Line {
     }
 }
 
+/// The measured window (FLBENCH_WINDOW=1, set by bench/costs.py): say on
+/// stdout where it starts and where it ends, and each time wait for a line on
+/// stdin, the bench's word that it has read the servers' counters. The costs
+/// then cover the measured operations only, not the connections, the warm-up
+/// or the exit. Without the variable it does nothing.
+pub fn window(edge: &str) -> Res<()> {
+    use std::io::{BufRead, Write};
+    if std::env::var_os("FLBENCH_WINDOW").is_none() {
+        return Ok(());
+    }
+    println!("window {edge}");
+    std::io::stdout().flush()?;
+    let mut line = String::new();
+    std::io::stdin().lock().read_line(&mut line)?;
+    Ok(())
+}
+
+/// The same from async code: the runtime's other tasks go on meanwhile.
+pub fn window_async(edge: &str) -> Res<()> {
+    tokio::task::block_in_place(|| window(edge))
+}
+
+#[repr(C)]
+struct Rusage {
+    utime: [i64; 2],
+    stime: [i64; 2],
+    rest: [i64; 14],
+}
+
+extern "C" {
+    fn getrusage(who: i32, usage: *mut Rusage) -> i32;
+}
+
+/// CPU time (user + system) of this process so far, every thread, in s.
+pub fn cpu_s() -> f64 {
+    let mut u = Rusage { utime: [0; 2], stime: [0; 2], rest: [0; 14] };
+    // SAFETY: RUSAGE_SELF (0) into a struct of the kernel's layout on
+    // 64-bit Linux (two timevals, fourteen longs).
+    if unsafe { getrusage(0, &mut u) } != 0 {
+        return f64::NAN;
+    }
+    let tv = |t: [i64; 2]| t[0] as f64 + t[1] as f64 / 1e6;
+    tv(u.utime) + tv(u.stime)
+}
+
 /// A PostgreSQL connection whose protocol task runs on its own.
 pub async fn pg_connect(dsn: &str) -> Res<tokio_postgres::Client> {
     let (client, conn) = tokio_postgres::connect(dsn, tokio_postgres::NoTls).await?;
@@ -119,14 +167,21 @@ async fn main() {
     let res = match Opts::parse(args.get(1..).unwrap_or_default()) {
         Err(e) => Err(e),
         Ok(o) => match cmd {
+            "pairs-redis" if o.str_or("client", "async") == "sync" => pairs::run_redis_sync(&o),
             "pairs-pg" | "pairs-redis" | "pairs-etcd" => pairs::run(cmd, &o).await,
+            // Blocking threads of its own, off the runtime's workers.
+            "sale" => {
+                tokio::task::spawn_blocking(move || sale::run(&o)).await.unwrap_or_else(|e| Err(e.into()))
+            }
             "handoff" => waiting::handoff(&o).await,
             "idle-cpu" => waiting::idle_cpu(&o).await,
             "session-kill" => waiting::session_kill(&o).await,
             "hold" => waiting::hold(&o).await,
-            _ => Err("usage: flbench pairs-pg|pairs-redis|pairs-etcd|handoff|idle-cpu|session-kill|hold \
+            _ => {
+                Err("usage: flbench pairs-pg|pairs-redis|pairs-etcd|sale|handoff|idle-cpu|session-kill|hold \
                       --option value ... (see src/main.rs)"
-                .into()),
+                    .into())
+            }
         },
     };
     if let Err(e) = res {

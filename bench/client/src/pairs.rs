@@ -2,7 +2,7 @@
 //! each on names of its own (a pool of 1000), so clients never contend and
 //! what is measured is the server's cost of a grant and a release.
 
-use crate::{percentile, pg_connect, Line, Opts, Res};
+use crate::{cpu_s, percentile, pg_connect, window, window_async, Line, Opts, Res};
 use etcd_client::LockOptions;
 use redis::IntoConnectionInfo;
 use std::sync::Arc;
@@ -173,9 +173,24 @@ struct ClientRun {
     errors: u64,
     last_error: Option<String>,
     finished: Instant,
+    /// the connection, kept open until the measured window has closed
+    _conn: Option<Box<dyn std::any::Any + Send>>,
 }
 
-async fn client(target: Target, c: u32, start: Arc<Barrier>, seconds: f64, count: u64) -> Res<ClientRun> {
+/// Every client's setup done (ready), then the clock starts (go): between the
+/// two, the measured window opens.
+struct Start<B> {
+    ready: B,
+    go: B,
+}
+
+async fn client(
+    target: Target,
+    c: u32,
+    start: Arc<Start<Barrier>>,
+    seconds: f64,
+    count: u64,
+) -> Res<ClientRun> {
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (u64::from(c) + 1).wrapping_mul(0xBF58_476D_1CE4_E5B9));
     let setup = async {
         let mut d = target.connect().await?;
@@ -185,10 +200,12 @@ async fn client(target: Target, c: u32, start: Arc<Barrier>, seconds: f64, count
         Res::Ok(d)
     }
     .await;
-    start.wait().await; // even after a failed setup, so that nobody waits forever
+    start.ready.wait().await; // even after a failed setup, so that nobody waits forever
+    start.go.wait().await;
     let mut d = setup?;
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
-    let mut run = ClientRun { lat_ms: Vec::new(), errors: 0, last_error: None, finished: Instant::now() };
+    let mut run =
+        ClientRun { lat_ms: Vec::new(), errors: 0, last_error: None, finished: Instant::now(), _conn: None };
     let mut i = WARMUP;
     while if count > 0 { i - WARMUP < count } else { Instant::now() < deadline } {
         let t0 = Instant::now();
@@ -205,6 +222,7 @@ async fn client(target: Target, c: u32, start: Arc<Barrier>, seconds: f64, count
         i += 1;
     }
     run.finished = Instant::now();
+    run._conn = Some(Box::new(d));
     Ok(run)
 }
 
@@ -222,25 +240,42 @@ pub async fn run(cmd: &str, o: &Opts) -> Res<()> {
     let seconds: f64 = o.num("seconds", 4.0)?;
     let count: u64 = o.num("count", 0)?;
 
-    let start = Arc::new(Barrier::new(clients as usize + 1));
+    let n = clients as usize + 1;
+    let start = Arc::new(Start { ready: Barrier::new(n), go: Barrier::new(n) });
     let tasks: Vec<_> = (0..clients)
         .map(|c| tokio::spawn(client(target.clone(), c, start.clone(), seconds, count)))
         .collect();
-    start.wait().await;
+    start.ready.wait().await;
+    window_async("start")?;
+    let cpu0 = cpu_s();
+    start.go.wait().await;
     let t0 = Instant::now();
     let mut runs = Vec::new();
     for t in tasks {
         runs.push(t.await??);
     }
+    let cpu = cpu_s() - cpu0;
+    window_async("end")?;
+    report(&kind, clients, t0, &runs, cpu);
+    Ok(())
+}
+
+/// The JSON line of a pairs run: pairs/s over the time to the last client's
+/// end, p50/p99 of a pair, count and errors.
+fn report(kind: &str, clients: u32, t0: Instant, runs: &[ClientRun], cpu: f64) {
     let elapsed = runs.iter().map(|r| r.finished).max().unwrap_or(t0) - t0;
     let mut lat: Vec<f64> = runs.iter().flat_map(|r| r.lat_ms.iter().copied()).collect();
     lat.sort_by(f64::total_cmp);
     let errors: u64 = runs.iter().map(|r| r.errors).sum();
     let mut line = Line::default()
-        .s("kind", &kind)
+        .s("kind", kind)
         .raw("clients", clients)
         .n("seconds", elapsed.as_secs_f64())
         .raw("count", lat.len())
+        .raw("warmup", WARMUP * u64::from(clients))
+        .raw("window_ops", lat.len())
+        .raw("total_ops", lat.len() as u64 + WARMUP * u64::from(clients))
+        .n("client_cpu_s", cpu)
         .n("per_s", lat.len() as f64 / elapsed.as_secs_f64())
         .n("p50_ms", percentile(&lat, 50.0))
         .n("p99_ms", percentile(&lat, 99.0))
@@ -249,5 +284,86 @@ pub async fn run(cmd: &str, o: &Opts) -> Res<()> {
         line = line.s("error", e);
     }
     line.print();
+}
+
+/// `pairs-redis --client sync`: the lightest Redis client there is in Rust,
+/// so that the Redis rows are not held back by their client: each client an
+/// OS thread with a blocking connection (redis-rs, no runtime, no
+/// multiplexer), the same two commands as above.
+pub fn run_redis_sync(o: &Opts) -> Res<()> {
+    let port: u16 = o.num("port", 6390)?;
+    let clients: u32 = o.num("clients", 1)?;
+    let seconds: f64 = o.num("seconds", 4.0)?;
+    let count: u64 = o.num("count", 0)?;
+    let n = clients as usize + 1;
+    let start = Arc::new(Start { ready: std::sync::Barrier::new(n), go: std::sync::Barrier::new(n) });
+    let threads: Vec<_> = (0..clients)
+        .map(|c| {
+            let start = start.clone();
+            std::thread::spawn(move || redis_sync_client(port, c, &start, seconds, count))
+        })
+        .collect();
+    start.ready.wait();
+    window("start")?;
+    let cpu0 = cpu_s();
+    start.go.wait();
+    let t0 = Instant::now();
+    let runs: Vec<ClientRun> =
+        threads.into_iter().map(|t| t.join().expect("client thread panicked")).collect::<Res<_>>()?;
+    let cpu = cpu_s() - cpu0;
+    window("end")?;
+    report("redis-sync", clients, t0, &runs, cpu);
     Ok(())
+}
+
+fn redis_sync_client(
+    port: u16,
+    c: u32,
+    start: &Start<std::sync::Barrier>,
+    seconds: f64,
+    count: u64,
+) -> Res<ClientRun> {
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (u64::from(c) + 1).wrapping_mul(0xBF58_476D_1CE4_E5B9));
+    let pair = |con: &mut redis::Connection, sha: &str, n: u32, i: u64| -> Res<()> {
+        let (name, val) = (format!("pair:{c}:{n}"), format!("{c}:{i}"));
+        let set: Option<String> =
+            redis::cmd("SET").arg(&name).arg(&val).arg("NX").arg("PX").arg(30_000).query(con)?;
+        let del: i64 = redis::cmd("EVALSHA").arg(sha).arg(1).arg(&name).arg(&val).query(con)?;
+        (set.is_some() && del == 1).then_some(()).ok_or_else(|| "not set or not deleted".into())
+    };
+    let setup = (|| {
+        let info = format!("redis://127.0.0.1:{port}/")
+            .into_connection_info()?
+            .set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
+        let mut con = redis::Client::open(info)?.get_connection()?;
+        let sha: String = redis::cmd("SCRIPT").arg("LOAD").arg(CAS_DELETE).query(&mut con)?;
+        for i in 0..WARMUP {
+            pair(&mut con, &sha, rng.pick(1000), i)?;
+        }
+        Res::Ok((con, sha))
+    })();
+    start.ready.wait(); // even after a failed setup, so that nobody waits forever
+    start.go.wait();
+    let (mut con, sha) = setup?;
+    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+    let mut run =
+        ClientRun { lat_ms: Vec::new(), errors: 0, last_error: None, finished: Instant::now(), _conn: None };
+    let mut i = WARMUP;
+    while if count > 0 { i - WARMUP < count } else { Instant::now() < deadline } {
+        let t0 = Instant::now();
+        match pair(&mut con, &sha, rng.pick(1000), i) {
+            Ok(()) => run.lat_ms.push(t0.elapsed().as_secs_f64() * 1e3),
+            Err(e) => {
+                run.errors += 1;
+                run.last_error = Some(e.to_string());
+                if run.errors >= 100 {
+                    break;
+                }
+            }
+        }
+        i += 1;
+    }
+    run.finished = Instant::now();
+    run._conn = Some(Box::new(con));
+    Ok(run)
 }

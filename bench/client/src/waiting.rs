@@ -2,7 +2,7 @@
 //! grant, CPU of idle waiters, and how soon a waiter gets the lock of a
 //! session-bound holder whose process is killed.
 
-use crate::{epoch_now, percentile, pg_connect, Line, Opts, Res};
+use crate::{cpu_s, epoch_now, percentile, pg_connect, window_async, Line, Opts, Res};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -54,7 +54,9 @@ async fn take(db: &Client, acquire: &Statement, queue: bool, name: &str) -> Res<
 }
 
 struct Shared {
-    start: Barrier,
+    /// every client connected and prepared; then the clock starts
+    ready: Barrier,
+    go: Barrier,
     stop: AtomicBool,
     releases: AtomicU64,
     /// stop once this many releases happened
@@ -80,7 +82,7 @@ async fn contender(
     queue: bool,
     c: usize,
     sh: Arc<Shared>,
-) -> Res<(Vec<Wait>, Vec<Release>)> {
+) -> Res<(Vec<Wait>, Vec<Release>, Client)> {
     let setup = async {
         let db = pg_connect(&dsn).await?;
         let acquire = db.prepare(&acquire_sql(queue)).await?;
@@ -88,7 +90,8 @@ async fn contender(
         Res::Ok((db, acquire, release))
     }
     .await;
-    sh.start.wait().await;
+    sh.ready.wait().await; // even after a failed setup, so that nobody waits forever
+    sh.go.wait().await;
     let (db, acquire, release) = setup?;
     let (mut waits, mut releases) = (Vec::new(), Vec::new());
     while !sh.stop.load(Relaxed) {
@@ -109,7 +112,8 @@ async fn contender(
         releases.push(Release { client: c, at: row.get(1), index });
         sleep(THINK).await;
     }
-    Ok((waits, releases))
+    // The connection goes back open: it is closed once the measured window is.
+    Ok((waits, releases, db))
 }
 
 /// Handoff: waiters + 1 clients contend for one name. For each release, on
@@ -123,7 +127,8 @@ pub async fn handoff(o: &Opts) -> Res<()> {
     let (method, queue) = method(o)?;
     let warm = waiters as u64 + 1; // every client has had the lock once
     let sh = Arc::new(Shared {
-        start: Barrier::new(waiters + 2),
+        ready: Barrier::new(waiters + 2),
+        go: Barrier::new(waiters + 2),
         stop: AtomicBool::new(false),
         releases: AtomicU64::new(0),
         last: warm + trials,
@@ -133,15 +138,22 @@ pub async fn handoff(o: &Opts) -> Res<()> {
     for c in 0..=waiters {
         tasks.spawn(contender(dsn.into(), name.clone(), queue, c, sh.clone()));
     }
-    sh.start.wait().await;
+    sh.ready.wait().await;
+    window_async("start")?;
+    let cpu0 = cpu_s();
+    sh.go.wait().await;
     // In completion order, so that a failure is reported at once rather than
     // after a queued client's wait runs out.
-    let (mut waits, mut releases) = (Vec::new(), Vec::new());
+    let (mut waits, mut releases, mut conns) = (Vec::new(), Vec::new(), Vec::new());
     while let Some(done) = tasks.join_next().await {
-        let (w, r) = done??;
+        let (w, r, db) = done??;
         waits.extend(w);
         releases.extend(r);
+        conns.push(db);
     }
+    let cpu = cpu_s() - cpu0;
+    window_async("end")?;
+    drop(conns);
     let (mut handoffs, mut waiting) = (Vec::new(), 0usize);
     for r in releases.iter().filter(|r| r.index >= warm && r.index < warm + trials) {
         let ahead = waits.iter().filter(|w| w.client != r.client && w.started < r.at && r.at < w.granted);
@@ -157,6 +169,10 @@ pub async fn handoff(o: &Opts) -> Res<()> {
         .s("method", method)
         .raw("waiters", waiters)
         .raw("handoffs", handoffs.len())
+        .raw("releases", sh.releases.load(Relaxed))
+        .raw("window_ops", sh.releases.load(Relaxed))
+        .raw("total_ops", sh.releases.load(Relaxed))
+        .n("client_cpu_s", cpu)
         .n("p50_ms", percentile(&handoffs, 50.0))
         .n("p99_ms", percentile(&handoffs, 99.0))
         .n("mean_waiting", waiting as f64 / handoffs.len() as f64)
