@@ -1,17 +1,18 @@
 # fenced_lock — build, demo, tests, packages, benchmarks.
 #   make demo              build + install, start a scratch PostgreSQL on loopback, run the inventory story
 #   make test              every suite on the default major (PostgreSQL 15): lint, unit, pgrx, pg_regress,
-#                          isolation, integration, faults, upgrade, bench smoke
+#                          isolation, integration, faults, upgrade, bench smoke (make test-pg), then the
+#                          client libraries' suites (make client-suites)
 #   make test PG=17        the same on another major (13-18; scripts/pg-majors.sh fetches it)
 #   make test-all-majors   pgrx, pg_regress, isolation and update tests on 13, 14, 16, 17, 18, and the
 #                          integration and fault suites on 18
 #   make test-ha           fenced_lock under Patroni failover (tests/ha/README.md)
 #   make package           .deb and tarball per major (target/packages/); make test-package installs
 #                          each into a clean server of its major and runs the regress suite
-#   make ci                what CI runs: all of the above
+#   make ci                what CI runs: all of the above (the client suites beside test-all-majors)
 #   make test-clients      the client libraries' suites and conformance examples (clients/README.md)
 #   make package-clients   a package of each client library (target/packages/clients/)
-#   make bench             fenced_lock beside its baselines and peers, with the speed targets (bench/README.md)
+#   make bench             fenced_lock beside its baselines and peers, with the speed targets (bench/README.md; ~35 min)
 # Run as root on Debian bookworm (scripts/prereqs.sh installs what is missing).
 
 PG        ?= 15
@@ -20,9 +21,9 @@ PYTHON    ?= /usr/bin/python3
 WITH_PG    = bash scripts/with-pg.sh $(PG)
 PYTEST     = $(PYTHON) -m pytest -q -p no:cacheprovider
 
-.PHONY: all prereqs build install demo test test-major test-all-majors test-unit test-pgrx test-regress \
+.PHONY: all prereqs build install demo test test-pg test-major test-all-majors test-unit test-pgrx test-regress \
         test-isolation test-integration test-faults test-upgrade test-upgrade-major test-ha package test-package ci \
-        test-clients package-clients \
+        test-clients client-suites package-clients \
         bench bench-smoke fmt lint clean
 
 all: install
@@ -43,7 +44,11 @@ install:
 demo: prereqs install
 	bash scripts/demo.sh
 
-test: prereqs lint test-unit test-pgrx install test-regress test-isolation test-integration test-faults test-upgrade bench-smoke
+test: test-pg client-suites
+	@echo "all suites and the client libraries passed on PostgreSQL $(PG)"
+
+# Every suite of the extension on one major (what `test` runs before the clients).
+test-pg: prereqs lint test-unit test-pgrx install test-regress test-isolation test-integration test-faults test-upgrade bench-smoke
 	@echo "all suites passed on PostgreSQL $(PG)"
 
 # What every major gets in test-all-majors.
@@ -89,7 +94,11 @@ test-ha:
 	$(PYTEST) tests/ha
 
 # The client libraries against a scratch server with the extension of PG (clients/README.md).
-test-clients: install
+test-clients: install client-suites
+
+# The suites alone, on the extension already installed (ci runs them beside
+# test-all-majors, whose builds must not be raced by another install).
+client-suites:
 	bash scripts/prereqs-clients.sh
 	$(WITH_PG) bash scripts/test-clients.sh
 
@@ -104,7 +113,17 @@ package:
 test-package: package
 	bash scripts/test-package.sh $(MAJORS)
 
-ci: test test-all-majors test-ha test-package
+# The client suites mostly wait (keepalives, pauses past a ttl), so they run
+# beside the other majors' suites, which mostly compile; their output is
+# printed when both are done.
+ci: test-pg
+	bash scripts/prereqs-clients.sh
+	@set -e; log=/tmp/fenced_lock_tests/ci_clients.log; mkdir -p /tmp/fenced_lock_tests; \
+	  ( $(MAKE) --no-print-directory client-suites > $$log 2>&1; echo $$? > $$log.rc ) & \
+	  majors=0; $(MAKE) --no-print-directory test-all-majors || majors=$$?; wait; \
+	  echo "== client suites (run beside test-all-majors)"; cat $$log; \
+	  [ $$majors -eq 0 ] && [ "$$(cat $$log.rc)" = 0 ]
+	$(MAKE) --no-print-directory test-ha test-package
 	@echo "CI passed"
 
 bench: prereqs install

@@ -26,7 +26,6 @@ CREATE TABLE fenced_lock_internal.granted_leases (
     value         text,                                -- published with fenced_lock_proclaim
     PRIMARY KEY (name, token)
 ) WITH (vacuum_truncate = false);  -- never shrinks: the library remembers where records are (docs/design.md, "Objects")
-CREATE INDEX granted_leases_expires_at ON fenced_lock_internal.granted_leases (expires_at);
 CREATE INDEX granted_leases_session_bound ON fenced_lock_internal.granted_leases (token) WHERE session_bound;
 CREATE INDEX granted_leases_holder ON fenced_lock_internal.granted_leases (holder) WHERE holder IS NOT NULL;
 COMMENT ON TABLE fenced_lock_internal.granted_leases IS

@@ -54,14 +54,19 @@ impl Attempt {
 
 /// Records that expired this long ago are removed by later grants.
 const REAP_AFTER_MICROS: i64 = 60 * 1_000_000;
-/// Every this many grants a backend removes up to `REAP_BATCH` old records
-/// and prunes up to `PRUNE_BATCH` history rows.
+/// Every this many grants a backend prunes up to `PRUNE_BATCH` history rows
+/// (through the `ended_at` index) and, at most once every `REAP_INTERVAL_MICROS`,
+/// removes up to `REAP_BATCH` old records (a scan of the lease table, which
+/// has no index on `expires_at`: it holds only records not cleaned up yet).
 const REAP_EVERY: u32 = 8;
+const REAP_INTERVAL_MICROS: i64 = 1_000_000;
 const REAP_BATCH: usize = 16;
 const PRUNE_BATCH: usize = 64;
 
 thread_local! {
     static GRANTS: Cell<u32> = const { Cell::new(0) };
+    /// When this backend last reaped (server clock), 0: never.
+    static LAST_REAP: Cell<i64> = const { Cell::new(0) };
 }
 
 /// The name lock, given back when dropped: it is only ever held for one
@@ -277,7 +282,10 @@ fn reap_now_and_then(store: &Store, now: i64) -> Result<(), FlError> {
     }
     let retention = crate::settings::history_retention_seconds();
     store.prune_history(now.saturating_sub(retention.saturating_mul(1_000_000)), PRUNE_BATCH);
-    if !xact::in_transaction_block() {
+    if !xact::in_transaction_block()
+        && now.saturating_sub(LAST_REAP.with(|r| r.get())) >= REAP_INTERVAL_MICROS
+    {
+        LAST_REAP.with(|r| r.set(now));
         reap(store, now)?;
     }
     Ok(())

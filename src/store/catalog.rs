@@ -44,6 +44,10 @@ pub struct Objects {
     pub table: pg_sys::Oid,
     /// the primary key: (name, token) from 0.3.0 on, (name) before
     pub by_name: pg_sys::Oid,
+    /// the index on expires_at of the 0.1.0 and 0.2.0 tables; 0.3.0's has
+    /// none (InvalidOid): it holds only records not yet cleaned up, so the
+    /// reaper's rare scan reads the table, and no grant pays for an index
+    /// entry the lease path never reads
     pub by_expiry: pg_sys::Oid,
     /// partial index of the session-bound records, on token (0.3.0)
     pub by_session: Option<pg_sys::Oid>,
@@ -135,9 +139,7 @@ pub fn objects() -> Result<Objects, FlError> {
     // The lease table was `leases` in 0.1.0 and `lease_records` (one record
     // per name) in 0.2.0; both are read, never written.
     let (table, by_name, by_expiry, current) = match relid(nsp, c"granted_leases") {
-        t if t != pg_sys::InvalidOid => {
-            (t, relid(nsp, c"granted_leases_pkey"), relid(nsp, c"granted_leases_expires_at"), true)
-        }
+        t if t != pg_sys::InvalidOid => (t, relid(nsp, c"granted_leases_pkey"), pg_sys::InvalidOid, true),
         _ => match relid(nsp, c"lease_records") {
             t if t != pg_sys::InvalidOid => {
                 (t, relid(nsp, c"lease_records_pkey"), relid(nsp, c"lease_records_expires_at"), false)
@@ -146,7 +148,9 @@ pub fn objects() -> Result<Objects, FlError> {
         },
     };
     let sequence = relid(nsp, c"token_seq");
-    if [table, by_name, by_expiry, sequence].contains(&pg_sys::InvalidOid) {
+    if [table, by_name, sequence].contains(&pg_sys::InvalidOid)
+        || (!current && by_expiry == pg_sys::InvalidOid)
+    {
         return Err(FlError::not_installed("the lease table, its indexes or the token sequence"));
     }
     let col = |name: &str, typ| column(table, name, typ);

@@ -125,8 +125,17 @@ pub fn scan(
             Visibility::Committed => &raw mut pg_sys::SnapshotSelfData,
             Visibility::WithInProgress => &mut dirty,
         };
-        let scan =
-            pg_sys::systable_beginscan(rel, index, true, snapshot, skeys.len() as i32, skeys.as_mut_ptr());
+        // Without an index (InvalidOid) systable_beginscan reads the heap,
+        // testing the keys on each tuple.
+        let by_index = index != pg_sys::InvalidOid;
+        let scan = pg_sys::systable_beginscan(
+            rel,
+            index,
+            by_index,
+            snapshot,
+            skeys.len() as i32,
+            skeys.as_mut_ptr(),
+        );
         let mut seen = 0;
         while seen < limit {
             let tuple = pg_sys::systable_getnext(scan);
