@@ -304,12 +304,16 @@ async fn release_waits_for_a_renew_in_flight_and_is_sent_only_after_it(ctx: Arc<
     eventually("a first renew", secs(5), || async { lease.status().renewals >= 1 }).await;
     let kpid = lease.keepalive_backend_pid().unwrap();
     let lpid = lease.connection().backend_pid().unwrap();
-    // Hold the lock's name (shared, as a guarded write does) so that the
-    // next renew waits for it on the server: a renew in flight.
+    // A renew of the lease in another session's open transaction holds the
+    // lease's lock until that transaction ends, so the keepalive's next renew
+    // waits for it on the server: a renew in flight. (A guarded write would
+    // not do: it does not hold up a renew.)
     let blocker = ctx.admin().await;
     let tx = blocker.transaction().await.unwrap();
-    tx.execute("SELECT fenced_lock_assert($1, $2)", &[&name, &lease.token()]).await.unwrap();
-    eventually("the renew waits on the server", secs(5), || async {
+    let renewed: bool =
+        tx.query_one("SELECT fenced_lock_renew($1, $2)", &[&name, &lease.token()]).await.unwrap().get(0);
+    assert!(renewed);
+    eventually("the keepalive's renew waits on the server", secs(5), || async {
         admin
             .query_one(
                 "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND state = 'active' AND wait_event_type = 'Lock'",
@@ -346,7 +350,7 @@ async fn release_waits_for_a_renew_in_flight_and_is_sent_only_after_it(ctx: Arc<
         .await
         .unwrap();
     assert_eq!(r.get::<_, String>(0), "release");
-    assert!(r.get::<_, bool>(1), "the last renew did not run after the name was free");
+    assert!(r.get::<_, bool>(1), "the keepalive's renew did not run after the blocking renew committed");
     assert!(r.get::<_, bool>(2), "the release ran before the last renew");
     assert!(!backend_exists(&admin, kpid).await, "keepalive connection still open after release");
 }
