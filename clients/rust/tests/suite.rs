@@ -111,6 +111,37 @@ async fn keepalive_keeps_a_critical_section_of_three_ttls_alive(ctx: Arc<Ctx>) {
     assert!(!live(&admin, &name, lease.token()).await);
 }
 
+async fn a_guarded_transaction_open_for_three_ttls_keeps_its_lease_and_its_commit_is_accepted(ctx: Arc<Ctx>) {
+    ctx.at_least((0, 3, 0), "renews that do not wait for the holder's guarded writes");
+    let admin = ctx.admin().await;
+    let id = new_doc(&ctx).await;
+    let name = format!("doc:{id}");
+    let ttl = secs(1);
+    let lease = ctx.locker().acquire(&name).ttl(ttl).await.unwrap();
+    let token = lease.token();
+    let tx = lease.transaction().await.unwrap();
+    tx.execute("UPDATE docs SET body = 'first', fence_token = $1 WHERE id = $2", &[&token, &id])
+        .await
+        .unwrap();
+    let before = lease.status().renewals;
+    // The write holds the lease's lock until the commit; the keepalive's
+    // renews go on beside it, from their own connection.
+    tokio::time::sleep(ttl * 3 + ms(500)).await;
+    assert!(!lease.is_lost(), "lost with its transaction open: {:?}", lease.status());
+    let renewed = lease.status().renewals - before;
+    assert!(renewed >= 3, "only {renewed} renews in 3 ttl beside the open transaction");
+    assert!(live(&admin, &name, token).await, "the server let the lease expire");
+    tx.execute("UPDATE docs SET body = 'second', fence_token = $1 WHERE id = $2", &[&token, &id])
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    println!("    a guarded transaction open 3.5 s (ttl 1 s): {renewed} renews beside it, commit accepted");
+    let r = admin.query_one("SELECT body, fence_token FROM docs WHERE id = $1", &[&id]).await.unwrap();
+    assert_eq!((r.get::<_, String>(0), r.get::<_, i64>(1)), ("second".to_string(), token));
+    assert!(lease.release().await.unwrap());
+    assert_eq!(ended_by(&admin, token).await.as_deref(), Some("release"));
+}
+
 async fn keepalive_renews_while_the_applications_runtime_is_blocked(ctx: Arc<Ctx>) {
     let admin = ctx.admin().await;
     let name = unique("blocked");
@@ -585,6 +616,118 @@ async fn shared_leases_and_permits_live_together_as_the_server_allows(ctx: Arc<C
     let p2 = locker.try_acquire(&name).permits(2).await.unwrap().expect("permit 2");
     assert!(locker.try_acquire(&name).permits(2).await.unwrap().is_none(), "a third of two permits");
     assert!(p1.release().await.unwrap() && p2.release().await.unwrap());
+}
+
+/// The mode and permit count the server recorded for `token`.
+async fn mode_of(admin: &Connection, token: i64) -> (String, Option<i32>) {
+    let r = admin
+        .query_one("SELECT mode, permits FROM fenced_lock_leases WHERE token = $1", &[&token])
+        .await
+        .unwrap();
+    (r.get(0), r.get(1))
+}
+
+async fn shared_leases_are_waited_for_renewed_and_released_like_exclusive_ones(ctx: Arc<Ctx>) {
+    ctx.at_least((0, 3, 0), "shared leases");
+    let admin = ctx.admin().await;
+    let locker = Locker::builder(&ctx.dsn).keepalive_interval(ms(200)).build().unwrap();
+    let name = unique("shared-acquire");
+    let a = locker.acquire(&name).ttl(secs(2)).shared(true).wait(secs(5)).await.unwrap();
+    let b = locker.acquire(&name).ttl(secs(2)).shared(true).wait(secs(5)).await.unwrap();
+    assert!(a.shared() && b.shared() && a.token() != b.token());
+    assert_eq!(mode_of(&admin, a.token()).await, ("shared".to_string(), None));
+    // An exclusive request waits for every shared lease to end.
+    match locker.acquire(&name).ttl(secs(2)).wait(ms(300)).await {
+        Err(e @ Error::WaitTimeout(_)) => assert_eq!(e.sqlstate(), Some("55P03")),
+        other => panic!("an exclusive lease beside shared ones: {other:?}"),
+    }
+    eventually("both shared leases renewed", secs(5), || async {
+        a.status().renewals >= 2 && b.status().renewals >= 2
+    })
+    .await;
+    assert!(live(&admin, &name, a.token()).await && live(&admin, &name, b.token()).await);
+    assert!(a.release().await.unwrap());
+    assert!(b.release().await.unwrap());
+    assert_eq!(ended_by(&admin, a.token()).await.as_deref(), Some("release"));
+    assert_eq!(ended_by(&admin, b.token()).await.as_deref(), Some("release"));
+    let exclusive = locker.try_acquire(&name).await.unwrap().expect("exclusive once the shared leases ended");
+    assert!(exclusive.release().await.unwrap());
+}
+
+async fn a_permit_is_waited_for_renewed_released_and_taken_by_the_retry_helper(ctx: Arc<Ctx>) {
+    ctx.at_least((0, 3, 0), "permits");
+    let admin = ctx.admin().await;
+    let locker = Locker::builder(&ctx.dsn).keepalive_interval(ms(200)).build().unwrap();
+    let name = unique("permit-acquire");
+    let p1 = locker.acquire(&name).ttl(secs(2)).permits(2).await.unwrap();
+    let p2 = locker.try_acquire(&name).ttl(secs(2)).permits(2).await.unwrap().expect("the second permit");
+    assert_eq!(p1.permits(), 2);
+    assert_eq!(mode_of(&admin, p1.token()).await, ("permit".to_string(), Some(2)));
+    // A third waits until a permit frees, then is granted a new token.
+    let waiter = {
+        let (locker, name) = (locker.clone(), name.clone());
+        tokio::spawn(async move { locker.acquire(&name).ttl(secs(2)).permits(2).wait(secs(10)).await })
+    };
+    eventually("the third waits in line", secs(5), || async {
+        admin
+            .query_one("SELECT count(*) FROM fenced_lock_waiters WHERE name = $1", &[&name])
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+            == 1
+    })
+    .await;
+    eventually("both permits renewed", secs(5), || async {
+        p1.status().renewals >= 2 && p2.status().renewals >= 2
+    })
+    .await;
+    assert!(p1.release().await.unwrap());
+    let p3 =
+        tokio::time::timeout(secs(10), waiter).await.expect("granted once a permit freed").unwrap().unwrap();
+    assert!(p3.token() > p2.token());
+    assert!(live(&admin, &name, p2.token()).await && live(&admin, &name, p3.token()).await);
+    assert!(p2.release().await.unwrap() && p3.release().await.unwrap());
+    // The retry helper with permits: it returns what its closure returned,
+    // after releasing the permit.
+    let mut token = 0;
+    let (mode, permits) = locker
+        .acquire(&name)
+        .ttl(secs(2))
+        .permits(2)
+        .run(async |lease| {
+            token = lease.token();
+            Ok(mode_of(&admin, lease.token()).await)
+        })
+        .await
+        .unwrap();
+    assert_eq!((mode.as_str(), permits), ("permit", Some(2)));
+    assert_eq!(ended_by(&admin, token).await.as_deref(), Some("release"));
+}
+
+async fn shared_and_permits_are_sent_only_when_they_are_not_the_default(ctx: Arc<Ctx>) {
+    ctx.at_least((0, 3, 0), "shared leases and permits");
+    let admin = ctx.admin().await;
+    let locker = ctx.locker();
+    let name = unique("sent");
+    let sent =
+        async |lease: &Lease| last_statement(&admin, lease.connection().backend_pid().unwrap()).await.0;
+    // Without them an exclusive acquire also runs on a 0.2.0 server.
+    let lease = locker.try_acquire(&name).await.unwrap().unwrap();
+    let q = sent(&lease).await;
+    assert!(q.contains("fenced_lock_try_acquire") && !q.contains("shared") && !q.contains("permits"), "{q}");
+    assert!(lease.release().await.unwrap());
+    let lease = locker.acquire(&name).ttl(secs(5)).await.unwrap();
+    let q = sent(&lease).await;
+    assert!(q.contains("fenced_lock_acquire") && !q.contains("shared") && !q.contains("permits"), "{q}");
+    assert!(lease.release().await.unwrap());
+    let lease = locker.acquire(&name).shared(true).await.unwrap();
+    let q = sent(&lease).await;
+    assert!(q.contains("shared =>") && !q.contains("permits"), "{q}");
+    assert!(lease.release().await.unwrap());
+    let lease = locker.try_acquire(&name).permits(3).await.unwrap().unwrap();
+    let q = sent(&lease).await;
+    assert!(q.contains("permits =>") && !q.contains("shared"), "{q}");
+    assert!(lease.release().await.unwrap());
 }
 
 async fn the_extensions_schema_can_be_named(ctx: Arc<Ctx>) {
@@ -1082,6 +1225,7 @@ fn main() -> ExitCode {
         sigstop_past_the_ttl_signals_lost_within_a_second_of_sigcont_and_the_write_is_refused_with_fl001: 60,
         keepalive_keeps_a_critical_section_of_three_ttls_alive: 30,
         keepalive_renews_while_the_applications_runtime_is_blocked: 30,
+        a_guarded_transaction_open_for_three_ttls_keeps_its_lease_and_its_commit_is_accepted: 30,
         keepalive_reconnects_after_its_connection_is_terminated_and_the_lease_stays_live: 30,
         a_session_bound_lease_whose_connection_is_terminated_ends_and_is_signalled_lost_at_the_next_renew: 30,
         a_network_cut_of_the_keepalives_connection_is_survived_on_a_new_connection: 30,
@@ -1100,6 +1244,9 @@ fn main() -> ExitCode {
         an_acquire_on_a_connection_inside_a_transaction_is_refused_and_sends_nothing: 20,
         keepalive_off_the_lease_is_lost_at_its_deadline_and_a_manual_renew_moves_it: 20,
         shared_leases_and_permits_live_together_as_the_server_allows: 20,
+        shared_leases_are_waited_for_renewed_and_released_like_exclusive_ones: 30,
+        a_permit_is_waited_for_renewed_released_and_taken_by_the_retry_helper: 30,
+        shared_and_permits_are_sent_only_when_they_are_not_the_default: 20,
         the_extensions_schema_can_be_named: 20,
         a_pool_gives_each_lease_two_connections_and_reuses_the_leases_connection: 30,
         the_retry_helper_reruns_from_the_acquire_after_fl001_and_returns_the_value: 30,
