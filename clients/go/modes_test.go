@@ -86,8 +86,9 @@ func TestSharedLeasesAreWaitedForRenewedAndReleasedLikeExclusiveOnes(t *testing.
 	var leases []*fencedlock.Lease
 	for i := range renewals {
 		n := &renewals[i]
+		// the second also ends with its session
 		l, err := lk.Acquire(ctx, name, fencedlock.WithShared(true), fencedlock.WithWait(5*time.Second),
-			fencedlock.WithOnRenew(func(*fencedlock.Lease) { n.Add(1) }))
+			fencedlock.WithSessionBound(i == 1), fencedlock.WithOnRenew(func(*fencedlock.Lease) { n.Add(1) }))
 		if err != nil {
 			t.Fatalf("shared %d: %v", i, err)
 		}
@@ -100,8 +101,22 @@ func TestSharedLeasesAreWaitedForRenewedAndReleasedLikeExclusiveOnes(t *testing.
 	if mode, permits := modeOf(t, a, leases[0].Token()); mode != "shared" || permits != nil {
 		t.Fatalf("mode %q, permits %v", mode, permits)
 	}
+	if !one[bool](t, a, "SELECT session_bound FROM fenced_lock_leases WHERE token = $1", leases[1].Token()) {
+		t.Fatal("the session-bound shared lease is not recorded as such")
+	}
+	// without keepalive, a shared lease is renewed by hand
+	manual, err := lk.TryAcquire(ctx, name, fencedlock.WithShared(true), fencedlock.WithKeepalive(false))
+	if err != nil || manual == nil {
+		t.Fatalf("a third shared lease: %v %v", manual, err)
+	}
+	if ok, err := manual.Renew(ctx); !ok || err != nil {
+		t.Fatalf("renew by hand: %v %v", ok, err)
+	}
+	if ok, err := manual.Release(ctx); !ok || err != nil {
+		t.Fatalf("release: %v %v", ok, err)
+	}
 	// an exclusive request waits for every shared lease to end
-	_, err := lk.Acquire(ctx, name, fencedlock.WithWait(300*time.Millisecond))
+	_, err = lk.Acquire(ctx, name, fencedlock.WithWait(300*time.Millisecond))
 	checkKind(t, err, "55P03")
 	eventually(t, 5*time.Second, "both shared leases renewed", func() bool {
 		return renewals[0].Load() >= 2 && renewals[1].Load() >= 2
@@ -138,11 +153,23 @@ func TestAPermitIsWaitedForRenewedReleasedAndTakenByDo(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p1.Release(ctx)
-	p2, err := lk.TryAcquire(ctx, name, fencedlock.WithOnRenew(func(*fencedlock.Lease) { renewals[1].Add(1) }))
+	holder := name + ":worker-2"
+	p2, err := lk.TryAcquire(ctx, name, fencedlock.WithHolder(holder),
+		fencedlock.WithOnRenew(func(*fencedlock.Lease) { renewals[1].Add(1) }))
 	if err != nil || p2 == nil {
 		t.Fatalf("the second permit: %v %v", p2, err)
 	}
 	defer p2.Release(ctx)
+	// Its holder asking again gets its permit back, renewed (the retry-safe
+	// acquire). Not released: it is the same permit as p2.
+	again, err := lk.TryAcquire(ctx, name, fencedlock.WithHolder(holder), fencedlock.WithKeepalive(false),
+		fencedlock.WithConn(admin(t)))
+	if err != nil || again == nil || again.Token() != p2.Token() {
+		t.Fatalf("the holder's own permit back: %v %v (p2 %d)", again, err, p2.Token())
+	}
+	if ok, err := again.Renew(ctx); !ok || err != nil {
+		t.Fatalf("renew by hand: %v %v", ok, err)
+	}
 	if mode, permits := modeOf(t, a, p1.Token()); mode != "permit" || permits == nil || *permits != 2 || p1.Permits() != 2 {
 		t.Fatalf("mode %q, permits %v, Permits() %d", mode, permits, p1.Permits())
 	}

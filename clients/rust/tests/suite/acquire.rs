@@ -126,9 +126,20 @@ pub async fn shared_leases_are_waited_for_renewed_and_released_like_exclusive_on
     let locker = Locker::builder(&ctx.dsn).keepalive_interval(ms(200)).build().unwrap();
     let name = unique("shared-acquire");
     let a = locker.acquire(&name).ttl(secs(2)).shared(true).wait(secs(5)).await.unwrap();
-    let b = locker.acquire(&name).ttl(secs(2)).shared(true).wait(secs(5)).await.unwrap();
+    let b = locker.acquire(&name).ttl(secs(2)).shared(true).session_bound(true).await.unwrap();
     assert!(a.shared() && b.shared() && a.token() != b.token());
     assert_eq!(mode_of(&admin, a.token()).await, ("shared".to_string(), None));
+    let bound: bool = admin
+        .query_one("SELECT session_bound FROM fenced_lock_leases WHERE token = $1", &[&b.token()])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(bound, "the session-bound shared lease is not recorded as such");
+    // Without keepalive, a shared lease is renewed by hand.
+    let c = locker.try_acquire(&name).ttl(secs(2)).shared(true).keepalive(false).await.unwrap().unwrap();
+    assert!(c.renew().await.unwrap());
+    assert_eq!(c.status().renewals, 1);
+    assert!(c.release().await.unwrap());
     // An exclusive request waits for every shared lease to end.
     match locker.acquire(&name).ttl(secs(2)).wait(ms(300)).await {
         Err(e @ Error::WaitTimeout(_)) => assert_eq!(e.sqlstate(), Some("55P03")),
@@ -153,9 +164,25 @@ pub async fn a_permit_is_waited_for_renewed_released_and_taken_by_the_retry_help
     let locker = Locker::builder(&ctx.dsn).keepalive_interval(ms(200)).build().unwrap();
     let name = unique("permit-acquire");
     let p1 = locker.acquire(&name).ttl(secs(2)).permits(2).await.unwrap();
-    let p2 = locker.try_acquire(&name).ttl(secs(2)).permits(2).await.unwrap().expect("the second permit");
+    let holder = format!("{name}:worker-2");
+    let p2 = locker
+        .try_acquire(&name)
+        .ttl(secs(2))
+        .permits(2)
+        .holder(&holder)
+        .await
+        .unwrap()
+        .expect("the second permit");
     assert_eq!(p1.permits(), 2);
     assert_eq!(mode_of(&admin, p1.token()).await, ("permit".to_string(), Some(2)));
+    // Its holder asking again gets its permit back, renewed (the retry-safe
+    // acquire); left without a release, it is the same permit as p2.
+    let again =
+        locker.try_acquire(&name).ttl(secs(2)).permits(2).holder(&holder).keepalive(false).await.unwrap();
+    let again = again.expect("the holder's own permit back");
+    assert_eq!(again.token(), p2.token());
+    assert!(again.renew().await.unwrap());
+    again.abandon().await;
     // A third waits until a permit frees, then is granted a new token.
     let waiter = {
         let (locker, name) = (locker.clone(), name.clone());
