@@ -26,6 +26,7 @@ func checkInvalid(t *testing.T, err error, arg string) {
 }
 
 func TestEveryBadArgumentOfEveryCallIsTheInvalidArgumentErrorAndSendsNothing(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t, 30*time.Second)
 	var cnt counter
 	cfg := cnt.config(t)

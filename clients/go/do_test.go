@@ -14,6 +14,7 @@ import (
 )
 
 func TestRetryHelperFourProcessesSellEveryUnitExactlyOnceWithOneStoppedPastItsTTL(t *testing.T) {
+	t.Parallel()
 	a := admin(t)
 	seed(t, "INSERT INTO inventory VALUES (1, 100, NULL)")
 	args := []string{"inventory", "--dsn", dbDSN, "--item", "1", "--sales", "25", "--ttl", "1"}
@@ -109,6 +110,7 @@ func forceRelease(t *testing.T, name string) {
 }
 
 func TestDoRunsAgainFromTheAcquireAfterFL001WithoutReleasingTheLostLease(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t, 30*time.Second)
 	a := admin(t)
 	seed(t, "INSERT INTO docs VALUES (301, 'v0', NULL)")
@@ -142,6 +144,7 @@ func TestDoRunsAgainFromTheAcquireAfterFL001WithoutReleasingTheLostLease(t *test
 }
 
 func TestDoGivesUpAfterItsAttemptsWithTheLastFL001(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t, 30*time.Second)
 	a := admin(t)
 	seed(t, "INSERT INTO docs VALUES (302, 'v0', NULL)")
@@ -167,6 +170,7 @@ func TestDoGivesUpAfterItsAttemptsWithTheLastFL001(t *testing.T) {
 }
 
 func TestDoReturnsAnyOtherErrorAtOnceAfterTheRelease(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t, 30*time.Second)
 	a := admin(t)
 	mine := errors.New("not a stale token")
@@ -204,6 +208,7 @@ func TestDoReturnsAnyOtherErrorAtOnceAfterTheRelease(t *testing.T) {
 }
 
 func TestDoReleasesWhenItsFunctionPanics(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t, 30*time.Second)
 	a := admin(t)
 	var token int64
@@ -227,6 +232,7 @@ func TestDoReleasesWhenItsFunctionPanics(t *testing.T) {
 }
 
 func TestDoesNotReleaseALeaseLostDuringItsFunction(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t, 30*time.Second)
 	a := admin(t)
 	var token int64

@@ -53,6 +53,7 @@ func checkKind(t *testing.T, err error, code string) *fencedlock.Error {
 }
 
 func TestEverySQLStateOfTheTableMapsToItsErrorTypeWithMessageDetailAndHint(t *testing.T) {
+	t.Parallel()
 	for code := range kinds {
 		pe := &pgconn.PgError{Severity: "ERROR", Code: code, Message: "m " + code, Detail: "d " + code, Hint: "h " + code}
 		err := fencedlock.Wrap(pe)
@@ -86,6 +87,7 @@ func TestEverySQLStateOfTheTableMapsToItsErrorTypeWithMessageDetailAndHint(t *te
 }
 
 func TestEverySQLStateRaisedByTheServerMapsToItsErrorType(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t, 60*time.Second)
 	a := admin(t)
 	lk := newLocker(t)
@@ -184,6 +186,7 @@ func TestEverySQLStateRaisedByTheServerMapsToItsErrorType(t *testing.T) {
 }
 
 func TestUsageErrorsAreRefusedBeforeAnythingIsSent(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t, 30*time.Second)
 	var cnt counter
 	cfg := cnt.config(t)

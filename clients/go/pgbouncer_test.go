@@ -108,6 +108,7 @@ pidfile = %s
 }
 
 func TestPlainLeasesWorkThroughPgBouncerInTransactionModeAndRenewOnAnyServerConnection(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t, 60*time.Second)
 	a := admin(t)
 	dsn := startPgBouncer(t)

@@ -1,6 +1,9 @@
 package fencedlock_test
 
 import (
+	"fmt"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -10,6 +13,7 @@ import (
 )
 
 func TestTryAcquireReturnsNilWhenTheNameIsHeldAndGivesItsConnectionBack(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t, 30*time.Second)
 	a := admin(t)
 	name := lockName(t, "l")
@@ -44,6 +48,7 @@ func TestTryAcquireReturnsNilWhenTheNameIsHeldAndGivesItsConnectionBack(t *testi
 }
 
 func TestAPoolLeaseKeepsTwoConnectionsAndGivesBothBackAtRelease(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t, 30*time.Second)
 	a := admin(t)
 	cfg, err := pgxpool.ParseConfig(dbDSN)
@@ -51,6 +56,7 @@ func TestAPoolLeaseKeepsTwoConnectionsAndGivesBothBackAtRelease(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg.MaxConns = 2
+	cfg.ConnConfig.DialFunc = watched(t).dial // keepalivePIDs: this test's own
 	pool, err := pgxpool.ConnectConfig(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -95,6 +101,7 @@ func TestAPoolLeaseKeepsTwoConnectionsAndGivesBothBackAtRelease(t *testing.T) {
 }
 
 func TestReleaseInsideATransactionTakesEffectAtItsCommit(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t, 30*time.Second)
 	a := admin(t)
 	seed(t, "INSERT INTO docs VALUES (401, 'v0', NULL)")
@@ -138,6 +145,7 @@ func TestReleaseInsideATransactionTakesEffectAtItsCommit(t *testing.T) {
 }
 
 func TestReleaseRollsBackAFailedTransactionFirst(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t, 30*time.Second)
 	a := admin(t)
 	seed(t, "INSERT INTO docs VALUES (402, 'v0', NULL)")
@@ -168,6 +176,7 @@ func TestReleaseRollsBackAFailedTransactionFirst(t *testing.T) {
 }
 
 func TestReleaseOnAGoneConnectionIsSentOnANewOne(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t, 30*time.Second)
 	a := admin(t)
 	lease, err := newLocker(t).Acquire(ctx, lockName(t, "l"), fencedlock.WithTTL(10*time.Second))
@@ -193,6 +202,7 @@ func TestReleaseOnAGoneConnectionIsSentOnANewOne(t *testing.T) {
 }
 
 func TestReleasingTwiceSendsOneRelease(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t, 30*time.Second)
 	var cnt counter
 	lk, err := fencedlock.NewFromConfig(cnt.config(t))
@@ -224,6 +234,7 @@ func TestReleasingTwiceSendsOneRelease(t *testing.T) {
 }
 
 func TestAcquireOnTheCallersConnectionKeepsItThereAndNeverClosesIt(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t, 30*time.Second)
 	a := admin(t)
 	conn := admin(t)
@@ -248,48 +259,122 @@ func TestAcquireOnTheCallersConnectionKeepsItThereAndNeverClosesIt(t *testing.T)
 	exec1(t, conn, "SELECT 1")
 }
 
-func TestSharedLeasesAndPermitsAreGrantedSideBySide(t *testing.T) {
-	needVersion(t, "0.3.0", "shared leases and permits")
-	ctx := testCtx(t, 30*time.Second)
+func TestNoRenewIsSentAfterReleaseAndTheKeepaliveConnectionIsGoneWhenReleaseReturns(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, 60*time.Second)
 	a := admin(t)
-	lk := newLocker(t, fencedlock.WithTTL(5*time.Second))
-	shared := lockName(t, "shared")
-	r1, err := lk.TryAcquire(ctx, shared, fencedlock.WithShared(true))
-	if err != nil || r1 == nil {
-		t.Fatalf("shared 1: %v %v", r1, err)
-	}
-	defer r1.Release(ctx)
-	r2, err := lk.TryAcquire(ctx, shared, fencedlock.WithShared(true))
-	if err != nil || r2 == nil || r2.Token() == r1.Token() {
-		t.Fatalf("shared 2 beside 1: %v %v", r2, err)
-	}
-	defer r2.Release(ctx)
-	if w, err := lk.TryAcquire(ctx, shared); w != nil || err != nil {
-		t.Fatalf("an exclusive lease beside shared ones: %v %v", w, err)
-	}
-	if mode := one[string](t, a, "SELECT mode FROM fenced_lock_leases WHERE token = $1", r1.Token()); mode != "shared" {
-		t.Fatalf("mode %q", mode)
-	}
-
-	sem := lockName(t, "sem")
-	var leases []*fencedlock.Lease
-	for i := 0; i < 2; i++ {
-		l, err := lk.TryAcquire(ctx, sem, fencedlock.WithPermits(2))
-		if err != nil || l == nil {
-			t.Fatalf("permit %d: %v %v", i, l, err)
+	const ttl = 600 * time.Millisecond // renews every 200 ms: plenty of chances to slip one in
+	lk := newLocker(t)
+	for i := 0; i < 5; i++ {
+		var renewals atomic.Int64
+		lease, err := lk.Acquire(ctx, lockName(t, fmt.Sprint(i)), fencedlock.WithTTL(ttl),
+			fencedlock.WithOnRenew(func(*fencedlock.Lease) { renewals.Add(1) }))
+		if err != nil {
+			t.Fatal(err)
 		}
-		defer l.Release(ctx)
-		leases = append(leases, l)
+		eventually(t, 5*time.Second, "a renew", func() bool { return renewals.Load() > 0 })
+		if pids := keepalivePIDs(t, a); len(pids) != 1 {
+			t.Fatalf("keepalive backends: %v", pids)
+		}
+		// release at a different point of the renew cycle each time
+		time.Sleep(time.Duration(i) * 45 * time.Millisecond)
+		ok, err := lease.Release(ctx)
+		if !ok || err != nil {
+			t.Fatalf("release: %v %v", ok, err)
+		}
+		n := renewals.Load()
+		if pids := keepalivePIDs(t, a); len(pids) != 0 {
+			t.Fatalf("the keepalive backend %v is still there when release has returned", pids)
+		}
+		if got := endedBy(t, a, lease.Token()); got != "release" {
+			t.Fatalf("history says %q", got)
+		}
+		// and it stays gone: no renew, no reconnect, over several intervals
+		time.Sleep(3 * lease.KeepaliveInterval())
+		if pids := keepalivePIDs(t, a); len(pids) != 0 || renewals.Load() != n {
+			t.Fatalf("after release: keepalive backends %v, renewals %d -> %d", pids, n, renewals.Load())
+		}
 	}
-	if l, err := lk.TryAcquire(ctx, sem, fencedlock.WithPermits(2)); l != nil || err != nil {
-		t.Fatalf("a third permit of 2: %v %v", l, err)
+}
+
+func TestReleaseWaitsForARenewInFlightAndSendsTheReleaseOnlyAfterIt(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, 60*time.Second)
+	a := admin(t)
+	const ttl = 6 * time.Second
+	var renewals atomic.Int64
+	// an interval of 2 s gives the renew that long before it is given up
+	// (max(interval, 1 s)): longer than this test keeps it waiting
+	lease, err := newLocker(t).Acquire(ctx, lockName(t, "l"), fencedlock.WithTTL(ttl),
+		fencedlock.WithKeepaliveInterval(2*time.Second),
+		fencedlock.WithOnRenew(func(*fencedlock.Lease) { renewals.Add(1) }))
+	if err != nil {
+		t.Fatal(err)
 	}
-	if ok, err := leases[0].Release(ctx); !ok || err != nil {
-		t.Fatalf("release a permit: %v %v", ok, err)
+	defer lease.Release(ctx)
+	// A renew of the lease in another session's open transaction holds the
+	// lease's lock until that transaction ends, so the keepalive's next renew
+	// waits for it on the server: a renew in flight. (A guarded write would
+	// not do: it does not hold up a renew.)
+	blocker, err := a.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
 	}
-	l, err := lk.TryAcquire(ctx, sem, fencedlock.WithPermits(2))
-	if err != nil || l == nil {
-		t.Fatalf("a permit after a release: %v %v", l, err)
+	defer blocker.Rollback(ctx)
+	var renewed bool
+	if err := blocker.QueryRow(ctx, "SELECT fenced_lock_renew($1, $2)", lease.Name(), lease.Token()).Scan(&renewed); err != nil || !renewed {
+		t.Fatalf("the blocking renew: %v %v", renewed, err)
 	}
-	defer l.Release(ctx)
+	watch := admin(t)
+	eventually(t, 5*time.Second, "the keepalive's renew waiting for the lease's lock", func() bool {
+		return len(pids(t, watch, `SELECT pid FROM pg_stat_activity WHERE pid = ANY($1)
+		   AND wait_event_type = 'Lock' AND query LIKE '%fenced_lock_renew%'`, keepalivePIDs(t, watch))) == 1
+	})
+	n := renewals.Load()
+
+	type result struct {
+		ok  bool
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		ok, err := lease.Release(ctx)
+		done <- result{ok, err}
+	}()
+	leasePID := lease.Conn().PgConn().PID()
+	// For a while (well within the renew's own bound of max(interval, 1 s)),
+	// Release must wait: its connection sends nothing.
+	end := time.Now().Add(700 * time.Millisecond)
+	for time.Now().Before(end) {
+		select {
+		case r := <-done:
+			t.Fatalf("release returned while a renew was in flight: %v %v", r.ok, r.err)
+		default:
+		}
+		q := one[string](t, watch, "SELECT state || ': ' || query FROM pg_stat_activity WHERE pid = $1", int32(leasePID))
+		if strings.Contains(q, "fenced_lock_release") {
+			t.Fatalf("the release was sent while a renew was in flight: %s", q)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := blocker.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-done:
+		if !r.ok || r.err != nil {
+			t.Fatalf("release: %v %v", r.ok, r.err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("release did not return after the renew finished")
+	}
+	if renewals.Load() != n+1 {
+		t.Fatalf("the renew in flight did not finish first: renewals %d -> %d", n, renewals.Load())
+	}
+	if pids := keepalivePIDs(t, watch); len(pids) != 0 {
+		t.Fatalf("keepalive backends after release: %v", pids)
+	}
+	if got := endedBy(t, watch, lease.Token()); got != "release" {
+		t.Fatalf("history says %q", got)
+	}
 }

@@ -27,9 +27,10 @@ fl_go_env
 go version
 go vet ./...
 go build ./...
-# the binary `clients/run go ...` runs, so that the conformance tests after
-# this suite do not wait for a build
-fl_go_example >/dev/null
-# -p 1 / no t.Parallel: the tests look at the server's pg_stat_activity and
-# signal child processes, and the machine is shared.
-exec go test -count=1 -p 1 -timeout 300s ${FL_GO_TEST_RUN:+-run "$FL_GO_TEST_RUN"} -v ./... 2>&1
+# the binary `clients/run go ...` runs, built once: the suite runs it too,
+# and the conformance tests after this suite do not wait for a build
+FL_GO_EXAMPLE=$(fl_go_example)
+export FL_GO_EXAMPLE
+# Four tests at a time (t.Parallel; each has names, rows and connections of
+# its own): most of them wait on the server or on the clock, not the CPU.
+exec go test -count=1 -p 1 -parallel 4 -timeout 300s ${FL_GO_TEST_RUN:+-run "$FL_GO_TEST_RUN"} -v ./... 2>&1

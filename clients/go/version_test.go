@@ -14,6 +14,7 @@ import (
 // Version is the extension's, which is the crate's (fenced_lock.control
 // takes it from Cargo.toml).
 func TestVersionIsTheExtensionsVersion(t *testing.T) {
+	t.Parallel()
 	b, err := os.ReadFile("../../Cargo.toml")
 	if err != nil {
 		t.Skipf("no Cargo.toml two levels up (not in the repository): %v", err)

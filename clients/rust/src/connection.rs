@@ -1,5 +1,6 @@
 //! [`Connection`]: a tokio-postgres connection that knows its transaction
-//! status and its backend pid, and that closes completely.
+//! status and its backend pid, and that closes completely; and how a
+//! connection string becomes a `Config`.
 
 use std::fmt;
 use std::future::Future;
@@ -7,6 +8,7 @@ use std::io;
 use std::net::IpAddr;
 use std::ops::Deref;
 use std::pin::Pin;
+use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -20,11 +22,28 @@ use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::{Client, Config, NoTls};
 
 use crate::error::Error;
-use crate::pool::PoolHome;
 use crate::tap::{Tap, TapState, TransactionStatus};
 
 /// How long [`Connection::close`] waits for the connection's task.
 const CLOSE_WAIT: Duration = Duration::from_secs(3);
+
+/// A `postgresql://` URL or `key=value` string as a `Config`, or the
+/// invalid-argument error naming `dsn`.
+pub(crate) fn parse_dsn(dsn: &str) -> Result<Config, Error> {
+    Config::from_str(dsn).map_err(|e| {
+        Error::invalid_argument(
+            format!("dsn: not a connection string: {e}"),
+            "Give a postgresql://user@host:port/dbname URL or a key=value string.",
+        )
+    })
+}
+
+/// Where a connection goes when its last clone is dropped, instead of being
+/// closed: back to the pool it came from. The connection hands over its
+/// parts; the home decides whether they are fit to be used again.
+pub(crate) trait Home: Send + Sync {
+    fn give_back(self: Box<Self>, client: Client, tap: Arc<TapState>, driver: Option<JoinHandle<()>>);
+}
 
 /// The socket under a [`Connection`]: TCP or a Unix-domain socket.
 #[derive(Debug)]
@@ -94,11 +113,11 @@ where
     }
 }
 
-pub(crate) struct ConnInner {
+struct ConnInner {
     client: Option<Client>,
     tap: Arc<TapState>,
     driver: Mutex<Option<JoinHandle<()>>>,
-    pub(crate) home: Option<PoolHome>,
+    home: Option<Box<dyn Home>>,
 }
 
 impl Drop for ConnInner {
@@ -125,7 +144,7 @@ impl Drop for ConnInner {
 /// both are seen.
 #[derive(Clone)]
 pub struct Connection {
-    pub(crate) inner: Arc<ConnInner>,
+    inner: Arc<ConnInner>,
 }
 
 impl fmt::Debug for Connection {
@@ -242,10 +261,22 @@ impl Connection {
         client: Client,
         tap: Arc<TapState>,
         driver: Option<JoinHandle<()>>,
-        home: Option<PoolHome>,
+        home: Option<Box<dyn Home>>,
     ) -> Connection {
         Connection {
             inner: Arc::new(ConnInner { client: Some(client), tap, driver: Mutex::new(driver), home }),
+        }
+    }
+
+    /// A connection just opened (it has no other clone yet), given a home
+    /// to go back to instead of being closed.
+    pub(crate) fn with_home(self, home: Box<dyn Home>) -> Connection {
+        match Arc::try_unwrap(self.inner) {
+            Ok(mut inner) => {
+                inner.home = Some(home);
+                Connection { inner: Arc::new(inner) }
+            }
+            Err(_) => unreachable!("a new connection has one owner"),
         }
     }
 

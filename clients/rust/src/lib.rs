@@ -30,19 +30,30 @@
 //! ```
 #![warn(missing_docs)]
 
+// The modules stand in layers, each using only those below it: locker (the
+// Locker and its acquires) on top; lease (a granted lease and its release);
+// keepalive (the task that renews a lease); source (where the connections
+// come from) and request (an acquire's arguments and their checks); pool;
+// connection; and at the bottom tap, status, args and error.
 pub mod args;
 mod connection;
 mod error;
+mod keepalive;
 mod lease;
 mod locker;
 mod pool;
+mod request;
+mod source;
+mod status;
 mod tap;
 
 pub use connection::{Connection, RawStream, Socket, Transaction};
 pub use error::{sqlstate, Error, SqlError};
-pub use lease::{Lease, LeaseState, LeaseStatus};
-pub use locker::{Acquire, Locker, LockerBuilder, Purpose, Try, Wait, KEEPALIVE_APPLICATION_NAME};
+pub use lease::Lease;
+pub use locker::{Acquire, Locker, LockerBuilder, Try, Wait};
 pub use pool::{Pool, PoolBuilder};
+pub use source::{Purpose, KEEPALIVE_APPLICATION_NAME};
+pub use status::{LeaseState, LeaseStatus};
 pub use tap::{Tap, TransactionStatus};
 
 /// The driver, re-exported: the types of [`Connection`]'s client.

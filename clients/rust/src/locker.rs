@@ -1,144 +1,35 @@
-//! [`Locker`]: where connections come from, the options, and the acquires.
+//! [`Locker`]: built from a source of connections and its options, it takes
+//! leases: the acquires and the retry helper.
 
 use std::fmt;
 use std::future::{Future, IntoFuture};
 use std::marker::PhantomData;
 use std::pin::Pin;
-use std::str::FromStr;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::OwnedSemaphorePermit;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Config;
 
-use crate::connection::Connection;
+use crate::connection::{parse_dsn, Connection};
 use crate::error::Error;
-use crate::lease::{self, Lease};
+use crate::lease::{Grant, Lease};
 use crate::pool::Pool;
+use crate::request::Request;
+use crate::source::{FactoryFn, Origin, Purpose, Source};
 use crate::tap::TransactionStatus;
 
-/// The `application_name` of keepalive connections, so that a DBA can find
-/// them in `pg_stat_activity`.
-pub const KEEPALIVE_APPLICATION_NAME: &str = "fenced_lock_keepalive";
-
-/// The longest ttl or wait the client sends (the server's
-/// `fenced_lock.max_ttl` is lower unless raised).
-const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 86400);
-
-/// What a connection of a [`Locker`] is for, as told to a factory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Purpose {
-    /// The lease's connection: the acquire, the caller's guarded writes, the
-    /// release.
-    Lease,
-    /// A keepalive's own connection. The locker sets its
-    /// `application_name` to [`KEEPALIVE_APPLICATION_NAME`] once opened.
-    Keepalive,
-    /// A release whose lease connection was gone.
-    Release,
-}
-
-type FactoryFn =
-    dyn Fn(Purpose) -> Pin<Box<dyn Future<Output = Result<Connection, Error>> + Send>> + Send + Sync;
-
-enum Source {
-    Config(Box<Config>),
-    Pool(Pool),
-    Factory(Arc<FactoryFn>),
-}
-
-/// The thread the keepalives run on, with a small runtime of its own (one
-/// per process, started with the first lease): a busy or blocked
-/// application runtime cannot delay a renew, and a release handed over by
-/// a dropped lease still runs while the application's runtime shuts down.
-fn background() -> &'static tokio::runtime::Handle {
-    static HANDLE: OnceLock<tokio::runtime::Handle> = OnceLock::new();
-    HANDLE.get_or_init(|| {
-        let (handle_tx, handle_rx) = std::sync::mpsc::channel();
-        std::thread::Builder::new()
-            .name("fenced_lock-keepalive".into())
-            .spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .expect("fenced_lock: cannot build the keepalive runtime");
-                let _ = handle_tx.send(rt.handle().clone());
-                rt.block_on(std::future::pending::<()>());
-            })
-            .expect("fenced_lock: cannot start the keepalive thread");
-        handle_rx.recv().expect("fenced_lock: the keepalive runtime did not start")
-    })
-}
-
-pub(crate) struct LockerInner {
-    source: Source,
-    pub(crate) keepalive_interval: Option<Duration>,
-    pub(crate) attempts: u32,
-    pub(crate) transaction_pooling: bool,
-    /// `"schema".` or empty: where the extension's functions are.
-    pub(crate) prefix: String,
+struct LockerInner {
+    source: Arc<Source>,
+    keepalive_interval: Option<Duration>,
+    attempts: u32,
+    transaction_pooling: bool,
 }
 
 impl LockerInner {
-    pub(crate) fn spawn<T, F>(&self, f: F) -> tokio::task::JoinHandle<T>
-    where
-        T: Send + 'static,
-        F: Future<Output = T> + Send + 'static,
-    {
-        background().spawn(f)
+    fn validate(&self, r: &Request, waiting: bool) -> Result<(), Error> {
+        r.validate(waiting, self.keepalive_interval, self.transaction_pooling)
     }
-
-    /// With a pool, the slot of a lease's keepalive connection, taken
-    /// before the acquire so that a pool too small for it fails the acquire
-    /// (before anything is sent) rather than the keepalive later.
-    pub(crate) async fn reserve_keepalive(&self) -> Result<Option<OwnedSemaphorePermit>, Error> {
-        match &self.source {
-            Source::Pool(p) => Ok(Some(p.slot().await?)),
-            _ => Ok(None),
-        }
-    }
-
-    /// A keepalive connection, in its reserved pool slot if it has one.
-    pub(crate) async fn open_keepalive(
-        &self,
-        reserved: Option<OwnedSemaphorePermit>,
-        interval: Duration,
-    ) -> Result<Connection, Error> {
-        match &self.source {
-            Source::Config(c) => Connection::connect(&keepalive_config(c, interval)).await,
-            Source::Pool(p) => p.dedicated(|c| *c = keepalive_config(c, interval), reserved).await,
-            Source::Factory(f) => {
-                let conn = f(Purpose::Keepalive).await?;
-                conn.batch_execute(&format!("SET application_name = '{KEEPALIVE_APPLICATION_NAME}'")).await?;
-                Ok(conn)
-            }
-        }
-    }
-
-    /// A connection for `purpose`, from where this locker gets them.
-    pub(crate) async fn open(&self, purpose: Purpose) -> Result<Connection, Error> {
-        match &self.source {
-            Source::Config(c) => Connection::connect(c).await,
-            Source::Pool(p) => p.get().await,
-            Source::Factory(f) => f(purpose).await,
-        }
-    }
-}
-
-/// A keepalive's connection settings: its `application_name`, and a TCP
-/// user timeout of one renew interval (at least a second), so that a renew
-/// sent into a network cut fails with a connection error after that long,
-/// instead of waiting on a dead connection until the deadline, and is
-/// retried on a new connection. A server that is only slow (a renew waiting
-/// for the lock's name) still acknowledges the bytes, and is waited for.
-fn keepalive_config(base: &Config, interval: Duration) -> Config {
-    let mut c = base.clone();
-    c.application_name(KEEPALIVE_APPLICATION_NAME);
-    let timeout = interval.max(Duration::from_secs(1));
-    c.tcp_user_timeout(base.get_tcp_user_timeout().map_or(timeout, |t| (*t).min(timeout)));
-    c
 }
 
 /// Takes leases. Built from a connection string, a [`Config`], a [`Pool`]
@@ -153,18 +44,13 @@ fn keepalive_config(base: &Config, interval: Duration) -> Config {
 /// ```
 #[derive(Clone)]
 pub struct Locker {
-    pub(crate) inner: Arc<LockerInner>,
+    inner: Arc<LockerInner>,
 }
 
 impl fmt::Debug for Locker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let source = match self.inner.source {
-            Source::Config(_) => "config",
-            Source::Pool(_) => "pool",
-            Source::Factory(_) => "factory",
-        };
         f.debug_struct("Locker")
-            .field("source", &source)
+            .field("source", &self.inner.source.kind())
             .field("keepalive_interval", &self.inner.keepalive_interval)
             .field("attempts", &self.inner.attempts)
             .field("transaction_pooling", &self.inner.transaction_pooling)
@@ -172,19 +58,10 @@ impl fmt::Debug for Locker {
     }
 }
 
-pub(crate) fn parse_dsn(dsn: &str) -> Result<Config, Error> {
-    Config::from_str(dsn).map_err(|e| {
-        Error::invalid_argument(
-            format!("dsn: not a connection string: {e}"),
-            "Give a postgresql://user@host:port/dbname URL or a key=value string.",
-        )
-    })
-}
-
 /// Builds a [`Locker`]: one source of connections, and the options.
 #[must_use]
 pub struct LockerBuilder {
-    source: Result<Source, Error>,
+    origin: Result<Origin, Error>,
     keepalive_interval: Option<Duration>,
     attempts: u32,
     transaction_pooling: bool,
@@ -224,7 +101,7 @@ impl LockerBuilder {
     /// The locker, or the invalid-argument error naming the first bad
     /// option.
     pub fn build(self) -> Result<Locker, Error> {
-        let source = self.source?;
+        let origin = self.origin?;
         if self.keepalive_interval == Some(Duration::ZERO) {
             return Err(Error::invalid_argument(
                 "keepalive_interval must be greater than zero",
@@ -246,11 +123,10 @@ impl LockerBuilder {
         };
         Ok(Locker {
             inner: Arc::new(LockerInner {
-                source,
+                source: Arc::new(Source::new(origin, prefix)),
                 keepalive_interval: self.keepalive_interval,
                 attempts: self.attempts,
                 transaction_pooling: self.transaction_pooling,
-                prefix,
             }),
         })
     }
@@ -266,17 +142,17 @@ impl Locker {
 
     /// A builder with connections from a connection string.
     pub fn builder(dsn: &str) -> LockerBuilder {
-        Self::with_source(parse_dsn(dsn).map(|c| Source::Config(Box::new(c))))
+        Self::with_origin(parse_dsn(dsn).map(|c| Origin::Config(Box::new(c))))
     }
 
     /// A builder with connections from a tokio-postgres [`Config`].
     pub fn from_config(config: Config) -> LockerBuilder {
-        Self::with_source(Ok(Source::Config(Box::new(config))))
+        Self::with_origin(Ok(Origin::Config(Box::new(config))))
     }
 
     /// A builder with connections from a [`Pool`].
     pub fn from_pool(pool: Pool) -> LockerBuilder {
-        Self::with_source(Ok(Source::Pool(pool)))
+        Self::with_origin(Ok(Origin::Pool(pool)))
     }
 
     /// A builder with connections from a factory: an async function that
@@ -288,12 +164,12 @@ impl Locker {
         Fut: Future<Output = Result<Connection, Error>> + Send + 'static,
     {
         let f: Arc<FactoryFn> = Arc::new(move |p| Box::pin(f(p)));
-        Self::with_source(Ok(Source::Factory(f)))
+        Self::with_origin(Ok(Origin::Factory(f)))
     }
 
-    fn with_source(source: Result<Source, Error>) -> LockerBuilder {
+    fn with_origin(origin: Result<Origin, Error>) -> LockerBuilder {
         LockerBuilder {
-            source,
+            origin,
             keepalive_interval: None,
             attempts: 5,
             transaction_pooling: false,
@@ -304,7 +180,7 @@ impl Locker {
     /// A new connection from this locker's source, for the caller's own use
     /// (to acquire on with [`Acquire::on`], for one).
     pub async fn connect(&self) -> Result<Connection, Error> {
-        self.inner.open(Purpose::Lease).await
+        self.inner.source.open(Purpose::Lease).await
     }
 
     /// `fenced_lock_try_acquire`: a lease now, or `None` if it cannot be
@@ -338,20 +214,6 @@ pub enum Try {}
 #[derive(Debug)]
 pub enum Wait {}
 
-#[derive(Clone)]
-pub(crate) struct Request {
-    pub(crate) name: String,
-    pub(crate) ttl: Duration,
-    pub(crate) wait: Option<Duration>,
-    pub(crate) holder: Option<String>,
-    pub(crate) session_bound: bool,
-    pub(crate) shared: bool,
-    pub(crate) permits: u32,
-    pub(crate) keepalive: bool,
-    pub(crate) conn: Option<Connection>,
-    pub(crate) attempts: Option<u32>,
-}
-
 /// An acquire being set up: every argument of the server function, with the
 /// server's defaults (ttl 30 s; no holder; not session-bound; exclusive),
 /// plus `keepalive` (on) and the connection to acquire on. `.await` it.
@@ -364,22 +226,7 @@ pub struct Acquire<'l, M> {
 
 impl<'l, M> Acquire<'l, M> {
     fn new(locker: &'l Locker, name: String) -> Self {
-        Acquire {
-            locker,
-            req: Request {
-                name,
-                ttl: Duration::from_secs(30),
-                wait: None,
-                holder: None,
-                session_bound: false,
-                shared: false,
-                permits: 1,
-                keepalive: true,
-                conn: None,
-                attempts: None,
-            },
-            _mode: PhantomData,
-        }
+        Acquire { locker, req: Request::new(name), _mode: PhantomData }
     }
 
     /// The lease's ttl (default 30 s).
@@ -464,7 +311,7 @@ impl<'l> Acquire<'l, Wait> {
         if attempts == 0 {
             return Err(Error::invalid_argument("attempts must be at least 1", "The default is 5."));
         }
-        validate(&self.locker.inner, &self.req, true)?;
+        self.locker.inner.validate(&self.req, true)?;
         let mut last = None;
         for _ in 0..attempts {
             let lease = acquire(self.locker, self.req.clone(), true).await?.expect("acquire returns a lease");
@@ -505,88 +352,13 @@ impl<'l> IntoFuture for Acquire<'l, Wait> {
     }
 }
 
-/// The client's own checks, in the order of the server function's
-/// arguments; nothing is sent when one fails.
-pub(crate) fn validate(locker: &LockerInner, r: &Request, waiting: bool) -> Result<(), Error> {
-    if r.name.is_empty() {
-        return Err(Error::invalid_argument(
-            "name must not be empty",
-            "A lock name is non-empty text of at most 512 bytes.",
-        ));
-    }
-    if r.name.contains('\0') {
-        return Err(Error::invalid_argument(
-            "name must not contain a NUL character",
-            "PostgreSQL text cannot hold NUL characters.",
-        ));
-    }
-    check_duration("ttl", r.ttl, false)?;
-    if waiting {
-        if let Some(w) = r.wait {
-            check_duration("wait", w, true)?;
-        }
-    }
-    if r.holder.as_deref().is_some_and(|h| h.contains('\0')) {
-        return Err(Error::invalid_argument(
-            "holder must not contain a NUL character",
-            "PostgreSQL text cannot hold NUL characters.",
-        ));
-    }
-    if r.permits < 1 {
-        return Err(Error::invalid_argument(
-            format!("permits must be at least 1, not {}", r.permits),
-            "1 is an ordinary exclusive lease; N > 1 is one of N permits.",
-        ));
-    }
-    if r.shared && r.permits > 1 {
-        return Err(Error::invalid_argument(
-            format!("shared cannot be combined with permits = {}", r.permits),
-            "A lease is shared, or one of N permits, not both.",
-        ));
-    }
-    if r.keepalive {
-        if let Some(i) = locker.keepalive_interval {
-            if i >= r.ttl {
-                return Err(Error::invalid_argument(
-                    format!("keepalive_interval {i:?} must be shorter than the ttl {:?}", r.ttl),
-                    "Renew a few times per ttl: leave keepalive_interval unset for ttl/3.",
-                ));
-            }
-        }
-    }
-    if r.session_bound && locker.transaction_pooling {
-        return Err(Error::usage(
-            "session_bound = true is refused with transaction_pooling: the session would be a pooled server \
-             connection shared with other clients, and the lease would end with their session, not yours; \
-             use a plain lease (ttl + keepalive)",
-        ));
-    }
-    Ok(())
-}
-
-fn check_duration(arg: &str, d: Duration, zero_ok: bool) -> Result<(), Error> {
-    if !zero_ok && d < Duration::from_micros(1) {
-        return Err(Error::invalid_argument(
-            format!("{arg} must be greater than zero (at least 1 microsecond), not {d:?}"),
-            "Pass a ttl such as Duration::from_secs(30).",
-        ));
-    }
-    if d > MAX_DURATION {
-        return Err(Error::invalid_argument(
-            format!("{arg} {d:?} is longer than 100 years"),
-            "Leases are renewed: use a ttl of seconds to hours.",
-        ));
-    }
-    Ok(())
-}
-
 fn micros(d: Duration) -> i64 {
     d.as_micros() as i64
 }
 
 /// Acquires as `r` says: `Ok(None)` only for a try that was not granted.
 pub(crate) async fn acquire(locker: &Locker, r: Request, waiting: bool) -> Result<Option<Lease>, Error> {
-    validate(&locker.inner, &r, waiting)?;
+    locker.inner.validate(&r, waiting)?;
     let given = match &r.conn {
         Some(c) => match c.transaction_status().await {
             TransactionStatus::Idle => Some(c.clone()),
@@ -601,12 +373,13 @@ pub(crate) async fn acquire(locker: &Locker, r: Request, waiting: bool) -> Resul
         },
         None => None,
     };
-    let reserved = if r.keepalive { locker.inner.reserve_keepalive().await? } else { None };
+    let source = &locker.inner.source;
+    let reserved = if r.keepalive { source.reserve_keepalive().await? } else { None };
     let conn = match given {
         Some(c) => c,
-        None => locker.inner.open(Purpose::Lease).await?,
+        None => source.open(Purpose::Lease).await?,
     };
-    let p = &locker.inner.prefix;
+    let p = &source.prefix;
     let ttl = micros(r.ttl);
     let wait = r.wait.map(micros);
     let mut params: Vec<(&(dyn ToSql + Sync), Type)> = vec![(&r.name, Type::TEXT), (&ttl, Type::INT8)];
@@ -652,5 +425,7 @@ pub(crate) async fn acquire(locker: &Locker, r: Request, waiting: bool) -> Resul
     let waited: i64 = row.try_get(1)?;
     let live: bool = row.try_get(2)?;
     let base = sent + Duration::from_micros(waited.max(0) as u64);
-    Ok(Some(lease::start(locker.clone(), r, conn, token, base, live, reserved)))
+    let interval = locker.inner.keepalive_interval.unwrap_or(r.ttl / 3);
+    let grant = Grant { conn, token, base, live, reserved };
+    Ok(Some(Lease::start(source.clone(), r, interval, grant)))
 }

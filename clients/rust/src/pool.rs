@@ -7,7 +7,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 use tokio_postgres::{Client, Config};
 
-use crate::connection::Connection;
+use crate::connection::{parse_dsn, Connection, Home};
 use crate::error::Error;
 use crate::tap::{TapState, TransactionStatus};
 
@@ -26,13 +26,13 @@ struct PoolInner {
 }
 
 /// Where a pooled connection goes back to when its last clone is dropped.
-pub(crate) struct PoolHome {
+struct PoolHome {
     pool: Weak<PoolInner>,
     _slot: OwnedSemaphorePermit,
 }
 
-impl PoolHome {
-    pub(crate) fn give_back(self, client: Client, tap: Arc<TapState>, driver: Option<JoinHandle<()>>) {
+impl Home for PoolHome {
+    fn give_back(self: Box<Self>, client: Client, tap: Arc<TapState>, driver: Option<JoinHandle<()>>) {
         // Only a connection that is open and idle, with nothing in flight,
         // is handed to the next user; any other is closed.
         let reusable = !client.is_closed() && tap.status_if_settled() == Some(TransactionStatus::Idle);
@@ -117,7 +117,7 @@ impl Pool {
     /// A pool of connections to a `postgresql://` URL or `key=value`
     /// string, with the default settings.
     pub fn new(dsn: &str) -> Result<Pool, Error> {
-        Pool::builder(crate::locker::parse_dsn(dsn)?).build()
+        Pool::builder(parse_dsn(dsn)?).build()
     }
 
     /// The most connections open at once.
@@ -149,14 +149,14 @@ impl Pool {
             match idle {
                 Some(i) if !i.client.is_closed() && !i.tap.closed() => {
                     let home = PoolHome { pool: Arc::downgrade(&self.inner), _slot: slot };
-                    return Ok(Connection::from_parts(i.client, i.tap, i.driver, Some(home)));
+                    return Ok(Connection::from_parts(i.client, i.tap, i.driver, Some(Box::new(home))));
                 }
                 Some(_) => continue,
                 None => break,
             }
         }
         let conn = Connection::connect(&self.inner.config).await?;
-        Ok(adopt(conn, PoolHome { pool: Arc::downgrade(&self.inner), _slot: slot }))
+        Ok(conn.with_home(Box::new(PoolHome { pool: Arc::downgrade(&self.inner), _slot: slot })))
     }
 
     /// A new connection of its own in a slot of the pool, with settings of
@@ -174,16 +174,6 @@ impl Pool {
         configure(&mut config);
         let conn = Connection::connect(&config).await?;
         // A home whose pool is gone: the connection is closed, the slot freed.
-        Ok(adopt(conn, PoolHome { pool: Weak::new(), _slot: slot }))
-    }
-}
-
-fn adopt(conn: Connection, home: PoolHome) -> Connection {
-    match Arc::try_unwrap(conn.inner) {
-        Ok(mut inner) => {
-            inner.home = Some(home);
-            Connection { inner: Arc::new(inner) }
-        }
-        Err(_) => unreachable!("a new connection has one owner"),
+        Ok(conn.with_home(Box::new(PoolHome { pool: Weak::new(), _slot: slot })))
     }
 }
