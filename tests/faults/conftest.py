@@ -69,7 +69,7 @@ def main_cluster():
     """One cluster shared by the tests that do not crash or replace their server;
     each of them works in a database of its own. track_commit_timestamp lets
     the history checker order committed transactions."""
-    c = Cluster("f_main", MAIN_PORT, {"track_commit_timestamp": "on", "max_connections": "200"}).init()
+    c = Cluster("f_main" if MAIN_PORT == 5520 else f"f_main_{MAIN_PORT}", MAIN_PORT, {"track_commit_timestamp": "on", "max_connections": "200"}).init()
     try:
         c.start()
         yield c

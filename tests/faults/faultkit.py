@@ -8,7 +8,9 @@ import time
 import psycopg
 
 # Port plan (all 127.0.0.1).
-MAIN_PORT = 5520  # shared cluster: one database per test
+# shared cluster: one database per test. FL_FAULTS_MAIN_PORT (5532-5559)
+# moves it, and its directory, so that two runs at once do not share it.
+MAIN_PORT = int(os.environ.get("FL_FAULTS_MAIN_PORT", "5520"))
 CRASH_PORT = 5521
 ASYNC_PRIMARY_PORT, ASYNC_STANDBY_PORT = 5522, 5523
 SYNC_PRIMARY_PORT, SYNC_STANDBY_PORT = 5524, 5525
