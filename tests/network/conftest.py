@@ -17,9 +17,8 @@ from harness.budget import budget_fixture, register_budget_marker
 from harness.clientproc import Children
 from harness.cluster import Cluster
 
-MAIN_PORT = 5580      # the shared server: one database per test
-LOSSY_PORT = 5581     # the slow, lossy link's server
-LOSSY_PROXY_PORT = 5582
+from ports import MAIN_PORT
+
 TEST_BUDGET_S = 120
 
 time_budget = budget_fixture(default_seconds=TEST_BUDGET_S)
