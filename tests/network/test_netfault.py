@@ -84,3 +84,47 @@ def test_leftovers_of_a_dead_owner_are_removed_and_a_live_owners_are_kept():
         left = tagged_rules()
         assert not any("40002" in r for r in left) and sum("40003" in r for r in left) == 2
     assert not any("40003" in r for r in tagged_rules())
+
+
+def test_a_cgroup_cut_drops_that_process_trees_connections_to_the_ports_both_ways_and_heals(echo):
+    if not netfault.Cgroup.available():
+        pytest.skip("no writable cgroup v2 hierarchy")
+    cg = netfault.Cgroup("fl_net_selftest")
+    # A child in the cgroup holds one connection open and answers "ping"
+    # over it on request; the test's own connection is outside the cgroup.
+    child = subprocess.Popen([sys.executable, "-c", f"""
+import socket, sys
+s = socket.create_connection(("127.0.0.1", {PORT}))
+print("up", flush=True)
+for line in sys.stdin:
+    s.settimeout(float(line))
+    s.sendall(b"ping")
+    try:
+        print("ok" if s.recv(100).startswith(b"ping") else "bad", flush=True)
+    except socket.timeout:
+        print("timeout", flush=True)
+    except OSError as e:
+        print("error", e, flush=True)
+"""], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        cg.add(child.pid)  # before it connects: the socket belongs to the group
+        assert child.stdout.readline().strip() == "up"
+
+        def child_roundtrip(timeout):
+            child.stdin.write(f"{timeout}\n")
+            child.stdin.flush()
+            return child.stdout.readline().strip()
+
+        outside = socket.create_connection(("127.0.0.1", PORT))
+        with netfault.Rules("net") as rules:
+            assert child_roundtrip(2) == "ok"
+            cut = rules.cut_cgroup_from_ports(cg, [PORT])
+            assert child_roundtrip(1) == "timeout"
+            assert roundtrip(outside, 2), "the cut hit a connection from outside the cgroup"
+            cut.heal()
+            assert child_roundtrip(10) == "ok"  # the retransmitted ping and its echo got through
+        outside.close()
+    finally:
+        child.kill()
+        child.wait(10)
+        cg.remove()
