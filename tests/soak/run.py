@@ -257,6 +257,20 @@ class Soak:
                str(self.out / "logs"), "--nemesis", nemesis_log, "--json", str(self.out / "checker.json")]
         return subprocess.run(cmd, timeout=900).returncode
 
+    def vacuous(self, weights):
+        """What a run this long should have done and did not: every fault kind
+        asked for injected, sales committed, stale writes refused."""
+        try:
+            counts = json.loads((self.out / "checker.json").read_text())["counts"]
+        except (OSError, ValueError, KeyError):
+            return ["the checker wrote no report"]
+        missing = [f"no {k} was injected" for k, wt in weights.items() if wt and not counts.get("fault: " + k)]
+        if not counts.get("acknowledged sales"):
+            missing.append("no sale was acknowledged")
+        if not counts.get("writes refused with FL001"):
+            missing.append("no stale write was refused with FL001")
+        return missing
+
     def close(self):
         try:
             self.stop_workers(grace=5)
@@ -291,6 +305,10 @@ def main():
         nlog, unexpected = soak.run(a.duration)
         print(f"soak: fenced_lock {soak.extversion}, ran {time.time() - t0:.0f} s; checking", flush=True)
         rc = soak.check(nlog.path)
+        vacuous = soak.vacuous(weights)
+        if vacuous:
+            print("soak: the run did not exercise what it claims:", *vacuous, sep="\n  ")
+            rc = rc or 2
         if unexpected:
             print(f"soak: {len(unexpected)} worker(s) exited unexpectedly:", *unexpected[:5], sep="\n  ")
             rc = rc or 2
