@@ -106,6 +106,7 @@ class Soak:
         self.faketime = faketime and LIBFAKETIME.exists()
         self.n_workers = workers
         self.worker_port = worker_port or port  # a proxy's port, for a slow link
+        self.behind_proxy = self.worker_port != port
         self.cluster = Cluster(cluster_name, port, dict({"track_commit_timestamp": "on", "max_connections": "100",
                                                          "fenced_lock.history_retention": "'7d'"}, **(conf or {})))
         self.rules = None
@@ -128,17 +129,23 @@ class Soak:
                 raise SystemExit(f"partitions need iptables: {why}")
             netfault.remove_leftovers("soak")
             self.rules = netfault.Rules("soak")
-        self.cluster.init()
-        self.cluster.start()
-        self.cluster.create_database(DBNAME)
+        self.start_server()
         with self.su() as c:
             self.extversion = c.execute("SELECT extversion FROM pg_extension WHERE extname = 'fenced_lock'"
                                         ).fetchone()[0]
             self.v030 = schema.version_tuple(self.extversion) >= (0, 3, 0)
             schema.setup(c, self.items, self.initial_stock, self.extversion)
 
+    def start_server(self):
+        self.cluster.init()
+        self.cluster.start()
+        self.cluster.create_database(DBNAME)
+
+    def su_dsn(self):
+        return self.cluster.dsn(DBNAME)
+
     def su(self):
-        return psycopg.connect(self.cluster.dsn(DBNAME), autocommit=True, connect_timeout=5,
+        return psycopg.connect(self.su_dsn(), autocommit=True, connect_timeout=5,
                                options="-c statement_timeout=10000")
 
     # -- what nemeses ask ------------------------------------------------------
@@ -175,7 +182,7 @@ class Soak:
             return None
         if row is None or row[0] is None:
             return None
-        if self.worker_port != self.port:
+        if self.behind_proxy:
             return None  # behind a proxy the server sees the proxy's ports: no per-client cut
         return row[0]
 
@@ -235,6 +242,9 @@ class Soak:
                     w.proc.send_signal(signal.SIGCONT)
                 except ProcessLookupError:
                     pass
+        self.ensure_server()
+
+    def ensure_server(self):
         try:
             self.su().close()
         except psycopg.Error:
@@ -253,7 +263,7 @@ class Soak:
                 w.proc.wait(10)
 
     def check(self, nemesis_log):
-        cmd = [sys.executable, str(HERE / "checker.py"), "--dsn", self.cluster.dsn(DBNAME), "--logs",
+        cmd = [sys.executable, str(HERE / "checker.py"), "--dsn", self.su_dsn(), "--logs",
                str(self.out / "logs"), "--nemesis", nemesis_log, "--json", str(self.out / "checker.json")]
         return subprocess.run(cmd, timeout=900).returncode
 
@@ -278,7 +288,78 @@ class Soak:
             pass
         if self.rules:
             self.rules.clear()
+        self.stop_server()
+
+    def stop_server(self):
         self.cluster.stop(mode="immediate", check=False)
+
+
+class HASoak(Soak):
+    """The soak on tests/ha's Patroni cluster (etcd + three nodes on
+    127.0.0.1:5611-5613, synchronous_mode strict so that a failover may lose
+    no acknowledged grant): workers use the multi-host connection string,
+    and the server nemesis is a failover (kill -9 of the primary's
+    postmaster; Patroni promotes the synchronous standby, the old primary
+    rejoins through pg_rewind)."""
+
+    def __init__(self, out, **kw):
+        super().__init__(out, **kw)
+        sys.path.insert(0, str(HERE.parent / "ha"))
+        import ha_cluster
+        self.hamod = ha_cluster
+        ports = ",".join(map(str, ha_cluster.PG_PORTS))
+        self.worker_dsn = (f"host=127.0.0.1,127.0.0.1,127.0.0.1 port={ports} dbname={DBNAME} user={schema.APP} "
+                           "target_session_attrs=read-write")
+        self.behind_proxy = False
+        self.ha = None
+
+    def start_server(self):
+        self.hamod.cleanup_leftovers()
+        self.ha = self.hamod.HACluster()
+        self.ha.start()
+        self.ha.set_sync(True)
+        leader = self.ha.leader()
+        with psycopg.connect(f"host=127.0.0.1 port={leader.port} dbname=postgres user=postgres",
+                             autocommit=True) as c:
+            c.execute(f"CREATE DATABASE {DBNAME}")
+        with psycopg.connect(f"host=127.0.0.1 port={leader.port} dbname={DBNAME} user=postgres",
+                             autocommit=True) as c:
+            c.execute("CREATE EXTENSION fenced_lock")
+
+    def su_dsn(self):
+        leader = self.ha.leader() if self.ha else None
+        port = leader.port if leader else self.hamod.PG_PORTS[0]
+        return f"host=127.0.0.1 port={port} dbname={DBNAME} user=postgres"
+
+    def crash_server(self, down_for):
+        self.failover()
+
+    def failover(self):
+        try:
+            # One failover at a time, each on a whole cluster: with strict
+            # synchronous mode a second kill before the first primary rejoined
+            # would leave no synchronous standby to promote.
+            self.ha.wait_healthy(180, sync=True)
+        except AssertionError:
+            return dict(skipped="the cluster did not become healthy")
+        self.server_down.set()
+        try:
+            old = self.ha.leader()
+            if old is None or old.postmaster_pid() is None:
+                return dict(skipped="no running leader")
+            os.kill(old.postmaster_pid(), signal.SIGKILL)
+            self.hamod.wait_until(lambda: (self.ha.leader() or old).name != old.name, 90, interval=0.1,
+                                  what="a replica to be promoted")
+            return dict(old=old.name, new=self.ha.leader().name)
+        finally:
+            self.server_down.clear()
+
+    def ensure_server(self):
+        self.ha.wait_healthy(180, sync=True)
+
+    def stop_server(self):
+        if self.ha:
+            self.ha.stop()
 
 
 def main():
@@ -290,9 +371,15 @@ def main():
     ap.add_argument("--seed", type=int)
     ap.add_argument("--out", default="/tmp/fenced_lock_tests/soak_run")
     ap.add_argument("--nemeses", default="all", help="comma-separated subset of " + ",".join(ALL_NEMESES))
+    ap.add_argument("--ha", action="store_true", default=os.environ.get("SOAK_HA") == "1",
+                    help="run on tests/ha's Patroni cluster, with failovers (also SOAK_HA=1)")
     a = ap.parse_args()
-    weights = dict(ALL_NEMESES) if a.nemeses == "all" else {k: ALL_NEMESES[k] for k in a.nemeses.split(",") if k}
-    soak = Soak(a.out, port=a.port, workers=a.workers, items=a.items, seed=a.seed, nemeses=weights)
+    kinds = dict(ALL_NEMESES, failover=1) if a.ha else ALL_NEMESES
+    weights = dict(kinds) if a.nemeses == "all" else {k: kinds[k] for k in a.nemeses.split(",") if k}
+    if a.ha:
+        weights.pop("kill_server", None)  # a failover is the HA cluster's server crash
+    cls = HASoak if a.ha else Soak
+    soak = cls(a.out, port=a.port, workers=a.workers, items=a.items, seed=a.seed, nemeses=weights)
 
     def on_term(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")
@@ -300,6 +387,7 @@ def main():
     t0 = time.time()
     try:
         print(f"soak: {a.duration:.0f} s, {a.workers} workers, {a.items} items, seed {soak.seed}, "
+              f"{'Patroni cluster, ' if a.ha else ''}"
               f"nemeses {','.join(weights)}, faketime {'on' if soak.faketime else 'off (libfaketime missing)'}",
               flush=True)
         nlog, unexpected = soak.run(a.duration)

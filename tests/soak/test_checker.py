@@ -162,6 +162,26 @@ def test_a_token_acknowledged_to_two_grants_is_reported():
     assert_reported(d, "token 2 acknowledged to two grants")
 
 
+def test_a_session_re_acquiring_its_session_bound_lease_may_get_its_token_again_but_no_one_else():
+    d = baseline()
+    ev = d["logs"]["w0.1.jsonl"]
+    ev.insert(0, dict(ev="connect", pid=1, port=1, mono=99.0))
+    g = next(e for e in ev if e.get("token") == 4 and e["ev"] == "grant")
+    g["session_bound"] = True
+    again = [dict(ev="acquire_sent", name="inv:0", holder="again", mono=103.5),
+             dict(ev="grant", name="inv:0", holder="again", token=4, mono=103.6, expires=18.0, session_bound=True)]
+    d["logs"]["w0.1.jsonl"] = ev + again
+    violations, counts = run(d)
+    assert violations == [] and counts["session-bound re-acquires (same token)"] == 1
+    # ... but not from another session of the same worker,
+    d["logs"]["w0.1.jsonl"] = ev + [dict(ev="connect", pid=2, port=2, mono=103.4)] + again
+    assert_reported(d, "token 4 acknowledged to two grants")
+    # ... nor for a lease that is not session-bound.
+    g["session_bound"] = False
+    d["logs"]["w0.1.jsonl"] = ev + again
+    assert_reported(d, "token 4 acknowledged to two grants")
+
+
 def test_a_token_going_backwards_in_grant_order_is_reported():
     d = baseline()
     d["history"][3]["token"] = 0
@@ -196,6 +216,20 @@ def test_an_acknowledged_grant_missing_from_the_history_is_reported():
 def test_an_acknowledged_renewal_missing_from_the_history_is_reported():
     d = baseline()
     d["logs"]["w0.1.jsonl"].append(dict(ev="renew", name="inv:0", token=4, expires=19.5, mono=104.0))
+    assert_reported(d, "acknowledged renewal lost", "inv:0/4")
+
+
+def test_a_session_bound_re_acquire_that_shortens_the_lease_is_not_a_lost_renewal():
+    d = baseline()
+    ev = d["logs"]["w0.1.jsonl"]
+    next(e for e in ev if e.get("token") == 4 and e["ev"] == "grant")["session_bound"] = True
+    ev.append(dict(ev="renew", name="inv:0", token=4, expires=19.5, mono=104.0))
+    ev.append(dict(ev="acquire_sent", name="inv:0", holder="again", mono=104.5))
+    ev.append(dict(ev="grant", name="inv:0", holder="again", token=4, expires=18.0, mono=104.6, session_bound=True))
+    assert run(d)[0] == []
+    ev.pop()  # the re-acquire's answer never came: its expiry is unknown, and so no promise is checked
+    assert run(d)[0] == []
+    ev.pop()
     assert_reported(d, "acknowledged renewal lost", "inv:0/4")
 
 
