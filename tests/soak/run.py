@@ -75,7 +75,7 @@ class Worker:
         self.stopped = False
         s = self.soak
         args = dict(wid=self.wid, seed=s.rnd.randrange(1 << 30), log=str(s.out / "logs" / f"{self.wid}.jsonl"),
-                    stop_file=str(s.stop_file), dsn=s.worker_dsn, items=s.items,
+                    stop_file=str(s.stop_file), parent=os.getpid(), dsn=s.worker_dsn, items=s.items,
                     server_opts=KEEPALIVES if self.keepalives else "",
                     shared=s.v030, permits=s.v030, pool_permits=3)
         env = dict(os.environ)

@@ -39,6 +39,7 @@ WID = A["wid"]  # worker id and incarnation, e.g. "w3.2"
 rnd = random.Random(A["seed"])
 log_fd = os.open(A["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 stopping = False
+PARENT = os.getppid()
 # Every acquire attempt gets a holder of its own and every sale an id of its
 # own, also across errors: a reused holder would make the server return the
 # same token (a retry-safe acquire), a reused sale id would collide.
@@ -65,7 +66,8 @@ signal.signal(signal.SIGTERM, on_term)
 
 
 def should_stop():
-    return stopping or os.path.exists(A["stop_file"])
+    # (and when the runner is gone: a worker must never outlive its soak)
+    return stopping or os.path.exists(A["stop_file"]) or os.getppid() != A.get("parent", PARENT)
 
 
 def connect():
@@ -95,8 +97,8 @@ def sell(conn):
         with conn.transaction():
             token = conn.execute("SELECT fenced_lock_acquire(%s, make_interval(secs => %s), '3 seconds', %s, %s)",
                                  (name, ttl, holder, sb)).fetchone()[0]
-            expires = conn.execute("SELECT expires_at FROM fenced_lock_leases WHERE name = %s",
-                                   (name,)).fetchone()[0]
+            expires = conn.execute("SELECT expires_at FROM fenced_lock_leases WHERE name = %s AND token = %s",
+                                   (name, token)).fetchone()[0]
     except psycopg.errors.LockNotAvailable:
         log("busy", name=name, holder=holder)
         return
@@ -123,7 +125,8 @@ def sell(conn):
             log("renew_sent", name=name, token=token)
             with conn.transaction():
                 ok = conn.execute("SELECT fenced_lock_renew(%s, %s)", (name, token)).fetchone()[0]
-                row = conn.execute("SELECT expires_at FROM fenced_lock_leases WHERE name = %s", (name,)).fetchone()
+                row = conn.execute("SELECT expires_at FROM fenced_lock_leases WHERE name = %s AND token = %s",
+                                   (name, token)).fetchone()
             if not ok:
                 log("renew_refused", name=name, token=token)
                 return
@@ -141,14 +144,15 @@ def shared_count(conn):
     through the 'shared' guard."""
     item = rnd.randrange(A["items"])
     name = f"inv:{item}"
-    log("shared_sent", name=name)
+    holder = f"{WID}:a{next(serial)}"
+    log("shared_sent", name=name, holder=holder)
     try:
         token = conn.execute("SELECT fenced_lock_acquire(%s, '2 seconds', '3 seconds', %s, false, shared => true)",
-                             (name, WID)).fetchone()[0]
+                             (name, holder)).fetchone()[0]
     except psycopg.errors.LockNotAvailable:
         log("busy", name=name, mode="shared")
         return
-    log("shared_grant", name=name, token=token)
+    log("shared_grant", name=name, holder=holder, token=token)
     try:
         with conn.transaction():
             stock = conn.execute("SELECT stock FROM inventory WHERE item_id = %s", (item,)).fetchone()[0]
@@ -167,15 +171,16 @@ def permit(conn):
     """0.3.0: use one permit of a semaphore of POOL_PERMITS."""
     pool = rnd.randrange(2)
     name = f"pool:{pool}"
-    log("permit_sent", name=name)
+    holder = f"{WID}:a{next(serial)}"
+    log("permit_sent", name=name, holder=holder)
     try:
         token = conn.execute("SELECT fenced_lock_acquire(%s, '2 seconds', '3 seconds', %s, false, permits => %s)",
-                             (name, WID, A["pool_permits"])).fetchone()[0]
+                             (name, holder, A["pool_permits"])).fetchone()[0]
     except psycopg.errors.LockNotAvailable:
         log("busy", name=name, mode="permit")
         return
-    log("permit_grant", name=name, token=token)
-    conn.execute("INSERT INTO pool_use (pool, worker, token) VALUES (%s, %s, %s)", (pool, WID, token))
+    log("permit_grant", name=name, holder=holder, token=token)
+    conn.execute("INSERT INTO pool_use (pool, worker, token) VALUES (%s, %s, %s)", (pool, holder, token))
     sleep(rnd.uniform(0, 0.5))
     conn.execute("SELECT fenced_lock_release(%s, %s)", (name, token))
 
