@@ -16,7 +16,7 @@ the rules it added (a fixture finalizer calls it, pass or fail), and
 interrupted run), without touching anyone else's rules.
 
     with Rules("net") as rules:
-        cut = rules.cut_connection(client_port)   # both directions dropped
+        cut = rules.cut_connection(client_port, server_port)   # both directions dropped
         ...
         cut.heal()
 """
@@ -141,15 +141,15 @@ class Rules:
             raise
         return Cut(self, specs, what)
 
-    def cut_connection(self, client_port):
-        """Drop every packet of the loopback TCP connection whose client end is
-        `client_port` (the server's inet_client_port()), both ways: a
-        partition between that one client and the server. Other connections
-        of the same processes are untouched."""
-        p = str(int(client_port))
-        specs = [("filter", "INPUT", ["-i", "lo", "-p", "tcp", "--sport", p, "-j", "DROP"]),
-                 ("filter", "INPUT", ["-i", "lo", "-p", "tcp", "--dport", p, "-j", "DROP"])]
-        return self._fault(specs, f"connection from port {p}")
+    def cut_connection(self, client_port, server_port):
+        """Drop every packet of the loopback TCP connection between
+        `client_port` (the server's inet_client_port()) and `server_port`,
+        both ways: a partition between that one client and the server. Other
+        connections, of the same processes or of anyone else, are untouched."""
+        c, p = str(int(client_port)), str(int(server_port))
+        specs = [("filter", "INPUT", ["-i", "lo", "-p", "tcp", "--sport", c, "--dport", p, "-j", "DROP"]),
+                 ("filter", "INPUT", ["-i", "lo", "-p", "tcp", "--sport", p, "--dport", c, "-j", "DROP"])]
+        return self._fault(specs, f"connection {c} <-> {p}")
 
     def lossy_port(self, port, probability):
         """Drop a random share of the packets to and from a loopback TCP port

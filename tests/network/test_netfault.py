@@ -51,7 +51,7 @@ def test_a_cut_drops_exactly_one_connection_both_ways_and_heals(echo):
     b = socket.create_connection(("127.0.0.1", PORT))
     with netfault.Rules("net") as rules:
         assert roundtrip(a, 2) and roundtrip(b, 2)
-        cut = rules.cut_connection(a.getsockname()[1])
+        cut = rules.cut_connection(a.getsockname()[1], PORT)
         assert not roundtrip(a, 1.0), "a cut connection still carried data"
         assert roundtrip(b, 2), "the cut hit another connection"
         cut.heal()
@@ -66,7 +66,7 @@ def test_rules_of_a_failing_test_are_removed():
     before = tagged_rules()
     with pytest.raises(RuntimeError, match="the test failed"):
         with netfault.Rules("net") as rules:
-            rules.cut_connection(40000)
+            rules.cut_connection(40000, PORT)
             rules.lossy_port(40001, 0.5)
             assert len(tagged_rules()) == len(before) + 4
             raise RuntimeError("the test failed")
@@ -75,10 +75,10 @@ def test_rules_of_a_failing_test_are_removed():
 
 def test_leftovers_of_a_dead_owner_are_removed_and_a_live_owners_are_kept():
     code = ("import sys; sys.path.insert(0, %r); from harness import netfault; "
-            "netfault.Rules('net').cut_connection(40002)") % str(netfault.__file__.rsplit("/harness/", 1)[0])
+            "netfault.Rules('net').cut_connection(40002, 5589)") % str(netfault.__file__.rsplit("/harness/", 1)[0])
     subprocess.run([sys.executable, "-c", code], check=True)  # exits without clearing its rule
     with netfault.Rules("net") as mine:
-        mine.cut_connection(40003)
+        mine.cut_connection(40003, PORT)
         assert any("40002" in r for r in tagged_rules())
         assert netfault.remove_leftovers("net") == 2  # both directions of the dead owner's cut
         left = tagged_rules()

@@ -183,7 +183,7 @@ def test_holder_cut_off_mid_critical_section_loses_its_lease_at_the_ttl_and_its_
     assert token_a is not None and granted["qty"] == 10
 
     with cluster.connect(db) as mon, cluster.connect(db) as b:
-        cut = rules.cut_connection(granted["port"])
+        cut = rules.cut_connection(granted["port"], cluster.port)
         cut_at = time.monotonic()
         # B waits in line; the server hands it the name when A's lease expires.
         taker, got = acquire_in_thread(b, NAME)
@@ -237,7 +237,7 @@ def test_session_bound_holder_cut_off_loses_its_lease_at_the_ttl_or_when_the_ser
         # Nothing unacknowledged before the cut (the client's delayed ACK of
         # its last reply has gone out), so that each case is what it says.
         wait_until(lambda: unacked_bytes(cluster.port, port) == 0, 5, what="the last reply to be acknowledged")
-        cut = rules.cut_connection(port)
+        cut = rules.cut_connection(port, cluster.port)
         cut_at = time.monotonic()
         if case == "in_flight":
             mon.execute("NOTIFY net_wake, 'into the partition'")  # the server sends; no ACK comes back
@@ -284,7 +284,7 @@ def test_cut_off_head_waiter_leaves_the_line_when_keepalives_end_its_session_and
         taker, got = acquire_in_thread(w2, NAME, wait="60 seconds")
         wait_until(lambda: waiting_position(mon, w2.info.backend_pid) == 2, 10, what="the second waiter")
 
-        cut = rules.cut_connection(port)
+        cut = rules.cut_connection(port, cluster.port)
         cut_at = time.monotonic()
         # The head checks its client at least every 500 ms; the socket is
         # dead once keepalives fail (idle 1 s + 2 probes 1 s apart).
@@ -322,7 +322,7 @@ def test_cut_off_head_waiter_without_keepalives_keeps_its_place_is_granted_and_h
         taker, got = acquire_in_thread(w2, NAME, wait="60 seconds")
         wait_until(lambda: waiting_position(mon, w2.info.backend_pid) == 2, 10, what="the second waiter")
 
-        rules.cut_connection(port)
+        rules.cut_connection(port, cluster.port)
         # Twice what keepalives 1/1/2 need (previous test): nothing tells the
         # server that the head's client is unreachable.
         time.sleep(6.0)

@@ -105,8 +105,14 @@ def load_db(dsn):
             f"SELECT id, item_id, sale_id, token, old_stock, new_stock, {us('stamped_at')}, "
             f"{us('pg_xact_commit_timestamp(xid::text::xid)')} FROM sale_audit").fetchall()]
         final = dict(c.execute("SELECT item_id, stock FROM inventory").fetchall())
+        # 0.3.0 on: counts taken under shared leases, uses of permits.
+        shelf = pool = []
+        if c.execute("SELECT to_regclass('shelf_reads') IS NOT NULL").fetchone()[0]:
+            shelf = [dict(item=r[0], token=r[1]) for r in c.execute(
+                "SELECT item_id, fence_token FROM shelf_reads").fetchall()]
+            pool = [dict(pool=r[0], token=r[1]) for r in c.execute("SELECT pool, token FROM pool_use").fetchall()]
         items, initial = c.execute("SELECT items, initial_stock FROM soak_meta").fetchone()
-    return dict(history=history, audit=audit, final=final, items=items, initial=initial)
+    return dict(history=history, audit=audit, final=final, items=items, initial=initial, shelf=shelf, pool=pool)
 
 
 # -- the checks -------------------------------------------------------------------
@@ -121,7 +127,7 @@ def _end(lease):
     return lease["ended"] if lease.get("ended") is not None else lease["expires"]
 
 
-def check(history, logs, audit, final, initial, nemesis=(), items=None):
+def check(history, logs, audit, final, initial, nemesis=(), items=None, shelf=(), pool=()):
     """Returns (violations, counts). Pure: every input is plain data."""
     v = []
     counts = Counter()
@@ -338,6 +344,17 @@ def check(history, logs, audit, final, initial, nemesis=(), items=None):
                      f"({acked} acknowledged, {len(chain) - acked} whose answer was lost)")
         if final.get(item) != stock:
             v.append(f"item {item}: final stock {final.get(item)} is not the last sale's {stock}")
+    # Rows written under shared leases and permits carry a lease of that kind.
+    for r in shelf:
+        h = by_token.get(r["token"])
+        if h is None or h["name"] != f"inv:{r['item']}" or _mode(h) != "shared":
+            v.append(f"a count of item {r['item']} recorded under token {r['token']}, not a shared lease of it")
+    for r in pool:
+        h = by_token.get(r["token"])
+        if h is None or h["name"] != f"pool:{r['pool']}" or _mode(h) != "permit":
+            v.append(f"a use of pool {r['pool']} recorded under token {r['token']}, not a permit of it")
+    counts["counts under shared leases"] = len(shelf)
+    counts["uses of permits"] = len(pool)
     counts["acknowledged sales"] = len(acked_writes)
     counts["committed sales"] = len(audit)
     counts["sales committed, answer lost"] = sum(1 for a in audit if a["sale"] not in acked_writes)
@@ -374,7 +391,7 @@ def main():
     logs, torn = load_logs(a.logs)
     db = load_db(a.dsn)
     violations, counts = check(db["history"], logs, db["audit"], db["final"], db["initial"],
-                               load_nemesis(a.nemesis), items=db["items"])
+                               load_nemesis(a.nemesis), items=db["items"], shelf=db["shelf"], pool=db["pool"])
     report(violations, counts, torn)
     if a.json:
         with open(a.json, "w") as f:

@@ -104,11 +104,12 @@ class Nemeses:
         w = self.soak.random_worker(self.rnd)
         if w is None:
             return
-        port = self.soak.client_port(w)
-        if port is None:
+        ports = self.soak.client_port(w)
+        if ports is None:
             return
+        port, server_port = ports
         t0 = time.monotonic()
-        cut = self.soak.rules.cut_connection(port)
+        cut = self.soak.rules.cut_connection(port, server_port)
         try:
             self._sleep(self.rnd.uniform(1.0, 10.0))
         finally:

@@ -172,19 +172,20 @@ class Soak:
             return [w for w in self.workers if w.wid in held and not w.stopped and w.proc.poll() is None]
 
     def client_port(self, w):
+        """(client port, server port) of worker w's connection, as the server sees it."""
         if self.server_down.is_set():
             return None
+        if self.behind_proxy:
+            return None  # behind a proxy the server sees the proxy's ports: no per-client cut
         try:
             with self.su() as c:
-                row = c.execute("SELECT client_port FROM pg_stat_activity WHERE application_name = %s "
-                                "AND datname = %s", (w.base, DBNAME)).fetchone()
+                row = c.execute("SELECT client_port, inet_server_port() FROM pg_stat_activity "
+                                "WHERE application_name = %s AND datname = %s", (w.base, DBNAME)).fetchone()
         except psycopg.Error:
             return None
         if row is None or row[0] is None:
             return None
-        if self.behind_proxy:
-            return None  # behind a proxy the server sees the proxy's ports: no per-client cut
-        return row[0]
+        return row[0], row[1]
 
     def crash_server(self, down_for):
         self.server_down.set()
@@ -279,6 +280,10 @@ class Soak:
             missing.append("no sale was acknowledged")
         if not counts.get("writes refused with FL001"):
             missing.append("no stale write was refused with FL001")
+        if self.v030 and not counts.get("counts under shared leases"):
+            missing.append("no count was taken under a shared lease (0.3.0)")
+        if self.v030 and not counts.get("uses of permits"):
+            missing.append("no permit was used (0.3.0)")
         return missing
 
     def close(self):
@@ -379,7 +384,9 @@ def main():
     if a.ha:
         weights.pop("kill_server", None)  # a failover is the HA cluster's server crash
     cls = HASoak if a.ha else Soak
-    soak = cls(a.out, port=a.port, workers=a.workers, items=a.items, seed=a.seed, nemeses=weights)
+    # Another port gets a cluster directory of its own, so that two runs never share one.
+    soak = cls(a.out, port=a.port, workers=a.workers, items=a.items, seed=a.seed, nemeses=weights,
+               cluster_name="soak" if a.port == 5590 else f"soak_{a.port}")
 
     def on_term(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")

@@ -65,7 +65,7 @@ def baseline():
 
 def run(d):
     return checker.check(d["history"], d["logs"], d["audit"], d["final"], d["initial"], d["nemesis"],
-                         items=d["items"])
+                         items=d["items"], shelf=d.get("shelf", ()), pool=d.get("pool", ()))
 
 
 def assert_reported(d, *words):
@@ -127,6 +127,19 @@ def test_permits_of_two_counts_live_together_are_reported():
     d["history"] += [lease("pool:1", 40, 30 * S, 40 * S, mode="permit", permits=3),
                      lease("pool:1", 41, 31 * S, 40 * S, mode="permit", permits=5)]
     assert_reported(d, "pool:1", "permits of counts 3 and 5")
+
+
+def test_rows_under_shared_leases_and_permits_must_carry_a_lease_of_that_kind():
+    d = baseline()
+    d["history"] += [lease("inv:1", 50, 20 * S, 21 * S, mode="shared"),
+                     lease("pool:0", 51, 20 * S, 21 * S, mode="permit", permits=3)]
+    d["shelf"] = [dict(item=1, token=50)]
+    d["pool"] = [dict(pool=0, token=51)]
+    assert run(d)[0] == []
+    d["shelf"] = [dict(item=1, token=2)]  # an exclusive lease's token in the shared guard's table
+    d["pool"] = [dict(pool=1, token=51)]  # another pool's permit
+    assert_reported(d, "a count of item 1 recorded under token 2, not a shared lease")
+    assert_reported(d, "a use of pool 1 recorded under token 51, not a permit")
 
 
 def test_a_write_checked_after_its_lease_ended_is_reported():
