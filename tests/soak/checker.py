@@ -106,7 +106,7 @@ def load_db(dsn):
             f"{us('pg_xact_commit_timestamp(xid::text::xid)')} FROM sale_audit").fetchall()]
         final = dict(c.execute("SELECT item_id, stock FROM inventory").fetchall())
         # 0.3.0 on: counts taken under shared leases, uses of permits.
-        shelf = pool = []
+        shelf = pool = None
         if c.execute("SELECT to_regclass('shelf_reads') IS NOT NULL").fetchone()[0]:
             shelf = [dict(item=r[0], token=r[1]) for r in c.execute(
                 "SELECT item_id, fence_token FROM shelf_reads").fetchall()]
@@ -127,7 +127,7 @@ def _end(lease):
     return lease["ended"] if lease.get("ended") is not None else lease["expires"]
 
 
-def check(history, logs, audit, final, initial, nemesis=(), items=None, shelf=(), pool=()):
+def check(history, logs, audit, final, initial, nemesis=(), items=None, shelf=None, pool=None):
     """Returns (violations, counts). Pure: every input is plain data."""
     v = []
     counts = Counter()
@@ -345,16 +345,17 @@ def check(history, logs, audit, final, initial, nemesis=(), items=None, shelf=()
         if final.get(item) != stock:
             v.append(f"item {item}: final stock {final.get(item)} is not the last sale's {stock}")
     # Rows written under shared leases and permits carry a lease of that kind.
-    for r in shelf:
+    for r in shelf or ():
         h = by_token.get(r["token"])
         if h is None or h["name"] != f"inv:{r['item']}" or _mode(h) != "shared":
             v.append(f"a count of item {r['item']} recorded under token {r['token']}, not a shared lease of it")
-    for r in pool:
+    for r in pool or ():
         h = by_token.get(r["token"])
         if h is None or h["name"] != f"pool:{r['pool']}" or _mode(h) != "permit":
             v.append(f"a use of pool {r['pool']} recorded under token {r['token']}, not a permit of it")
-    counts["counts under shared leases"] = len(shelf)
-    counts["uses of permits"] = len(pool)
+    if shelf is not None:  # (the tables exist from 0.3.0 on)
+        counts["counts under shared leases"] = len(shelf)
+        counts["uses of permits"] = len(pool or ())
     counts["acknowledged sales"] = len(acked_writes)
     counts["committed sales"] = len(audit)
     counts["sales committed, answer lost"] = sum(1 for a in audit if a["sale"] not in acked_writes)

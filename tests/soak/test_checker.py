@@ -65,7 +65,7 @@ def baseline():
 
 def run(d):
     return checker.check(d["history"], d["logs"], d["audit"], d["final"], d["initial"], d["nemesis"],
-                         items=d["items"], shelf=d.get("shelf", ()), pool=d.get("pool", ()))
+                         items=d["items"], shelf=d.get("shelf"), pool=d.get("pool"))
 
 
 def assert_reported(d, *words):
