@@ -54,6 +54,13 @@ import sys
 from collections import Counter, defaultdict
 
 US = 1_000_000
+# What a worker may meet besides FL001 and 55P03 (which it handles): a
+# statement timeout while a stopped holder keeps a name locked,
+# serialization or deadlock retries, a node that is no longer primary, a
+# server shutting down or crashing, and from 0.3.0 a wait for a lease of its
+# own session (FL003). Anything else is reported: an error nobody expects
+# is a defect even when no property broke.
+EXPECTED_ERRORS = {"57014", "40001", "40P01", "25006", "57P01", "57P02", "57P03", "FL003", "55P03", "FL001"}
 
 
 # -- inputs ---------------------------------------------------------------------
@@ -202,6 +209,9 @@ def check(history, logs, audit, final, initial, nemesis=(), items=None, shelf=No
                 fenced_sales.add(e["sale"])
             elif ev == "renew":
                 acked_renews.append(e)
+            elif ev in ("error", "conn_error") and e.get("sqlstate") is not None \
+                    and e["sqlstate"] not in EXPECTED_ERRORS and not e["sqlstate"].startswith("08"):
+                v.append(f"{fname}: unexpected error {e['sqlstate']}: {e.get('msg', '')[:200]}")
             elif ev == "release" and e.get("ok"):
                 acked_releases.append(e)
 

@@ -299,6 +299,15 @@ def test_a_release_undone_without_a_crash_is_reported_and_with_one_is_allowed():
     assert violations == [] and counts["releases undone by a crash"] == 1
 
 
+def test_an_unexpected_error_of_a_worker_is_reported_and_expected_ones_are_not():
+    d = baseline()
+    d["logs"]["w0.1.jsonl"] += [dict(ev="conn_error", sqlstate=None, msg="connection refused", mono=200.0),
+                                dict(ev="error", sqlstate="57014", msg="statement timeout", mono=201.0)]
+    assert run(d)[0] == []
+    d["logs"]["w0.1.jsonl"].append(dict(ev="error", sqlstate="XX000", msg="internal error", mono=202.0))
+    assert_reported(d, "unexpected error XX000")
+
+
 def test_faults_are_counted_from_the_nemesis_log():
     d = baseline()
     d["nemesis"] = [dict(kind=k, start=1.0, end=2.0) for k in ("kill_server", "partition_client", "partition_client")]
