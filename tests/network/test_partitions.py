@@ -29,8 +29,6 @@ import time
 
 import pytest
 
-from harness.cluster import Cluster  # noqa: F401 - (fixtures come from conftest)
-
 NAME = "net:1"
 
 # A client process: optional session settings, a lease, the stock read, then

@@ -241,7 +241,6 @@ def check(history, logs, audit, final, initial, nemesis=(), items=None, shelf=No
     for g in by_ack:
         best = g if best is None or g["token"] > best["token"] else best
         prefix_max.append(best)
-    import bisect
     first_ack = {}
     for g in by_ack:
         first_ack.setdefault(g["token"], g)

@@ -20,7 +20,6 @@ is crashed while a third's clock is off.
 """
 
 import json
-import os
 import signal
 import threading
 import time
