@@ -22,12 +22,18 @@ import signal
 import subprocess
 import time
 import urllib.request
+import sys
 from pathlib import Path
 
 import psycopg
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/, for harness
+from harness.netfault import Cgroup  # noqa: E402
+
 ROOT = Path("/tmp/fenced_lock_tests")
-BIN = "/usr/lib/postgresql/15/bin"
+# The PostgreSQL Patroni runs (postgresql.bin_dir): FL_PG_BINDIR, as for the
+# other suites, else Debian's 15.
+BIN = os.environ.get("FL_PG_BINDIR") or "/usr/lib/postgresql/15/bin"
 ETCD_CLIENT, ETCD_PEER = 2479, 2480
 REST_PORTS = (8108, 8109, 8110)
 PG_PORTS = (5611, 5612, 5613)
@@ -194,6 +200,14 @@ class Node:
                                      group="postgres", extra_groups=[], start_new_session=True)
         log.close()
         self.pidfile.write_text(str(self.proc.pid))
+        # A cgroup per node, joined before Patroni starts anything: every
+        # process of the node (postmaster, walreceiver, Patroni's own clients)
+        # inherits it, so a partition test can cut one node from another
+        # although all of them share 127.0.0.1 (test_partition.py).
+        self.cgroup = None
+        if Cgroup.available():
+            self.cgroup = Cgroup(f"fl_ha_{self.name}")
+            self.cgroup.add(self.proc.pid)
         return self
 
     def postmaster_pid(self):
@@ -214,6 +228,8 @@ class Node:
         _wait_gone([p for p in [pid, pm, *kids] if p], 10)
         if self.proc:
             self.proc.wait(5)
+        if getattr(self, "cgroup", None) is not None:
+            self.cgroup.remove()
 
 
 class Etcd:
