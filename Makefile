@@ -2,14 +2,15 @@
 #   make demo              build + install, start a scratch PostgreSQL on loopback, run the inventory story
 #   make test              every suite on the default major (PostgreSQL 15): lint, unit, pgrx, pg_regress,
 #                          isolation, integration, faults, upgrade, bench smoke (make test-pg), then the
-#                          client libraries' suites (make client-suites)
+#                          client libraries' suites, the network partitions and a 3-minute soak (make test-beside)
 #   make test PG=17        the same on another major (13-18; scripts/pg-majors.sh fetches it)
 #   make test-all-majors   pgrx, pg_regress, isolation and update tests on 13, 14, 16, 17, 18, and the
 #                          integration and fault suites on 18
-#   make test-ha           fenced_lock under Patroni failover (tests/ha/README.md)
+#   make test-ha           fenced_lock under Patroni failover and partitions (tests/ha/README.md)
+#   make soak DURATION=1h  every fault at once for an hour, judged by an independent checker (tests/soak/README.md)
 #   make package           .deb and tarball per major (target/packages/); make test-package installs
 #                          each into a clean server of its major and runs the regress suite
-#   make ci                what CI runs: all of the above (the client suites beside test-all-majors)
+#   make ci                what CI runs: all of the above (test-beside beside test-all-majors)
 #   make test-clients      the client libraries' suites and conformance examples (clients/README.md)
 #   make package-clients   a package of each client library (target/packages/clients/)
 #   make bench             fenced_lock beside its baselines and peers, with the speed targets (bench/README.md; ~35 min)
@@ -20,10 +21,11 @@ MAJORS    ?= 13 14 15 16 17 18
 PYTHON    ?= /usr/bin/python3
 WITH_PG    = bash scripts/with-pg.sh $(PG)
 PYTEST     = $(PYTHON) -m pytest -q -p no:cacheprovider
+DURATION  ?= 3m
 
 .PHONY: all prereqs build install demo test test-pg test-major test-all-majors test-unit test-pgrx test-regress \
         test-isolation test-integration test-faults test-upgrade test-upgrade-major test-ha package test-package ci \
-        test-clients client-suites package-clients \
+        test-clients client-suites package-clients test-network test-soak-checker soak test-beside \
         bench bench-smoke fmt lint clean
 
 all: install
@@ -44,8 +46,8 @@ install:
 demo: prereqs install
 	bash scripts/demo.sh
 
-test: test-pg client-suites
-	@echo "all suites and the client libraries passed on PostgreSQL $(PG)"
+test: test-pg test-beside
+	@echo "all suites, the client libraries, the partitions and a short soak passed on PostgreSQL $(PG)"
 
 # Every suite of the extension on one major (what `test` runs before the clients).
 test-pg: prereqs lint test-unit test-pgrx install test-regress test-isolation test-integration test-faults test-upgrade bench-smoke
@@ -89,6 +91,19 @@ test-upgrade:
 test-upgrade-major:
 	$(WITH_PG) $(PYTEST) tests/upgrade -k "catalog or standby"
 
+# Network partitions on loopback (iptables; root), keepalive settings measured.
+test-network:
+	$(WITH_PG) $(PYTEST) tests/network
+
+# The soak's checker on planted violations (no server).
+test-soak-checker:
+	$(PYTEST) tests/soak
+
+# Every fault mixed at random for DURATION (3m in CI and make test; 1h for
+# the long run), judged by tests/soak/checker.py.
+soak:
+	$(WITH_PG) bash scripts/soak.sh $(DURATION)
+
 # Patroni + etcd failover suite (tests/ha/README.md); needs the extension installed.
 test-ha:
 	$(PYTEST) tests/ha
@@ -113,15 +128,18 @@ package:
 test-package: package
 	bash scripts/test-package.sh $(MAJORS)
 
-# The client suites mostly wait (keepalives, pauses past a ttl), so they run
-# beside the other majors' suites, which mostly compile; their output is
-# printed when both are done.
+# What mostly waits (client keepalives, partitions, the soak's faults) rather
+# than compiles: CI runs it beside test-all-majors, whose builds it would
+# otherwise wait for. On the extension already installed by test-pg.
+test-beside: client-suites test-network test-soak-checker
+	$(MAKE) --no-print-directory soak DURATION=$(DURATION)
+
 ci: test-pg
 	bash scripts/prereqs-clients.sh
-	@set -e; log=/tmp/fenced_lock_tests/ci_clients.log; mkdir -p /tmp/fenced_lock_tests; \
-	  ( $(MAKE) --no-print-directory client-suites > $$log 2>&1; echo $$? > $$log.rc ) & \
+	@set -e; log=/tmp/fenced_lock_tests/ci_beside.log; mkdir -p /tmp/fenced_lock_tests; \
+	  ( $(MAKE) --no-print-directory test-beside > $$log 2>&1; echo $$? > $$log.rc ) & \
 	  majors=0; $(MAKE) --no-print-directory test-all-majors || majors=$$?; wait; \
-	  echo "== client suites (run beside test-all-majors)"; cat $$log; \
+	  echo "== client suites, partitions, soak (run beside test-all-majors)"; cat $$log; \
 	  [ $$majors -eq 0 ] && [ "$$(cat $$log.rc)" = 0 ]
 	$(MAKE) --no-print-directory test-ha test-package
 	@echo "CI passed"
