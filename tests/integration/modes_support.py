@@ -6,7 +6,13 @@ the lease state that a refused call must leave as it was.
 
 import itertools
 import json
+import os
+import queue
+import subprocess
+import sys
+import threading
 import time
+from pathlib import Path
 
 import psycopg
 from psycopg import sql
@@ -143,3 +149,87 @@ class Listener:
         i = next(i for i, p in enumerate(self.seen) if p["name"] == name)
         before, self.seen = self.seen[:i], [p for p in self.seen[i:] if p["name"] != name]
         return before
+
+
+# -- the examples, run as processes ------------------------------------------------------------
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+class Example:
+    """examples/<script> in a process of its own, reading the JSON lines it
+    prints (each with `t`, its time.monotonic(): comparable with ours)."""
+
+    def __init__(self, script, *args):
+        self.argv = [sys.executable, str(EXAMPLES / script), *map(str, args)]
+        self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        self.pid = self.proc.pid
+        self.seen = []
+        self.pending = []
+        self._messages = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        try:
+            for line in self.proc.stdout:
+                try:
+                    msg = json.loads(line)
+                except ValueError:
+                    msg = {"event": "garbage", "line": line}
+                self._messages.put(msg)
+        except (ValueError, OSError):
+            pass
+        self._messages.put({"event": "exit"})
+
+    def next(self, timeout, match=lambda m: True, what="a message"):
+        """The first message not taken yet for which `match` is true; the
+        others stay for later calls (and every message is in `seen`)."""
+        for i, msg in enumerate(self.pending):
+            if match(msg):
+                return self.pending.pop(i)
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                msg = self._messages.get(timeout=max(0.001, left))
+            except queue.Empty:
+                raise AssertionError(f"{self.argv[1:3]}: no {what} within {timeout} s; seen {self.seen[-10:]}") \
+                    from None
+            self.seen.append(msg)
+            if msg["event"] != "exit" and not match(msg):
+                self.pending.append(msg)
+                continue
+            if msg["event"] == "exit":
+                err = self.proc.stderr.read() if self.proc.poll() is not None else ""
+                raise AssertionError(f"{self.argv[1:3]} exited ({self.proc.returncode}) waiting for {what}:\n{err}")
+            if match(msg):
+                return msg
+
+    def event(self, event, timeout, **fields):
+        return self.next(timeout, lambda m: m["event"] == event and all(m.get(k) == v for k, v in fields.items()),
+                         what=f"{event} {fields or ''}")
+
+    def kill(self, sig=9):
+        sent = time.monotonic()
+        os.kill(self.pid, sig)
+        self.proc.wait(10)
+        return sent
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        for f in (self.proc.stdout, self.proc.stderr):
+            try:
+                f.close()
+            except Exception:
+                pass
+
+
+def run_example(script, *args, timeout=120):
+    """Run examples/<script> to completion; its JSON lines (fails on a non-zero exit)."""
+    p = subprocess.run([sys.executable, str(EXAMPLES / script), *map(str, args)], capture_output=True, text=True,
+                       timeout=timeout)
+    assert p.returncode == 0, f"{script} exited {p.returncode}:\n{p.stdout}\n{p.stderr}"
+    return [json.loads(line) for line in p.stdout.splitlines() if line.strip()]
