@@ -44,6 +44,7 @@ from modes_support import (
     lease_state,
     most_live_at_once,
     one,
+    run_example,
     sqlstate,
 )
 
@@ -719,3 +720,42 @@ def test_views_counters_and_notify_show_the_mode_and_permits_of_a_mixed_workload
         for conn in conns:
             conn.close()
         c.sql(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+
+
+# -- examples/api_pool.py: N workers, K permits --------------------------------------------------
+
+
+@pytest.mark.budget(90)
+def test_api_pool_example_never_has_more_than_k_permits_live_and_every_write_carries_a_live_permit_token(
+        cluster, app, mon):
+    k, workers, jobs, name = 2, 5, 20, "modes:partner-api"
+    dsn = cluster.dsn(app)
+    run_example("api_pool.py", "--dsn", dsn, "--name", name, "--setup")
+    out = run_example("api_pool.py", "--dsn", dsn, "--name", name, "--workers", workers, "--permits", k,
+                      "--jobs", jobs, "--call-ms", 40)
+    done = out[-1]
+    calls = [m for m in out if m["event"] == "call"]
+    print(f"api_pool: {jobs} jobs by {workers} workers on {k} permits in {done['seconds']} s; the stand-in API "
+          f"served at most {done['max_concurrent_calls']} calls at once; longest wait for a permit "
+          f"{max(m['waited_ms'] for m in calls):.0f} ms")
+    assert done["event"] == "done" and done["errors"] == [] and done["fenced"] == 0
+    assert done["calls"] == jobs == len(calls)
+    assert done["max_concurrent_calls"] <= k
+    # from the server: never more than K permits live, each lease a permit of K, all given back
+    h = history_of(mon, [name])
+    assert len(h) == jobs
+    assert all((r["mode"], r["permits"], r["ended_by"]) == ("permit", k, "release") for r in h)
+    most = most_live_at_once(h)
+    print(f"api_pool: at most {most} permits live at once in the history")
+    assert most == k  # never more, and the workers did contend
+    assert_tokens_grow_in_grant_order(h)
+    assert len({r["holder"] for r in h}) == workers
+    # every result was written under its worker's permit, while that permit was live
+    lease = {r["token"]: r for r in h}
+    results = mon.execute("SELECT job, worker, written_at, fence_token FROM api_results ORDER BY job").fetchall()
+    assert [r[0] for r in results] == list(range(1, jobs + 1))
+    for job, worker, written_at, token in results:
+        r = lease[token]
+        assert r["holder"] == worker, (job, r)
+        assert r["acquired_at"] <= written_at < r["ended_at"], (job, written_at, r)
+    assert len({r[3] for r in results}) == jobs  # one permit per call
