@@ -106,7 +106,8 @@ class Node:
                         token = self.campaign(conn)
                         self.lead(conn, token)
             except psycopg.Error as e:  # the connection is lost (a session-bound lease with it), or worse
-                self.emit("disconnected", connection="campaign", error=f"{e.sqlstate}: " + str(e).strip().splitlines()[0])
+                self.emit("disconnected", connection="campaign",
+                          error=f"{e.sqlstate}: " + str(e).strip().splitlines()[0])
                 time.sleep(self.args.reconnect_delay)
 
     def campaign(self, conn):
@@ -183,7 +184,8 @@ class Node:
                             self.report(now, "notify", on=event.get("event"))
                             last = now
             except psycopg.Error as e:                   # 4. after a reconnect, back to 1
-                self.emit("disconnected", connection="follow", error=f"{e.sqlstate}: " + str(e).strip().splitlines()[0])
+                self.emit("disconnected", connection="follow",
+                          error=f"{e.sqlstate}: " + str(e).strip().splitlines()[0])
                 time.sleep(self.args.reconnect_delay)
 
 

@@ -116,7 +116,8 @@ def make_table(su, table, template, accepts=None):
     su.execute(sql.SQL("CREATE TABLE {} (id text PRIMARY KEY, body text, fence_token bigint)").format(
         sql.Identifier(table)))
     su.execute(sql.SQL("CREATE TRIGGER fence BEFORE INSERT OR UPDATE OR DELETE ON {} FOR EACH ROW "
-                       "EXECUTE FUNCTION fenced_lock_guard({})").format(sql.Identifier(table), sql.SQL(", ").join(args)))
+                       "EXECUTE FUNCTION fenced_lock_guard({})").format(sql.Identifier(table),
+                                                                        sql.SQL(", ").join(args)))
 
 
 def upsert(table):
@@ -404,9 +405,9 @@ def test_the_same_holder_or_session_gets_its_token_back_for_the_same_mode_and_FL
         for asked, mode in ASKED.items():
             if asked == held:
                 continue
+            args = (name, kw.get("holder"), by == "session", mode["shared"], mode["permits"])
             assert sqlstate(again, "SELECT fenced_lock_try_acquire(%s, '30 s', %s, session_bound => %s, "
-                                   "shared => %s, permits => %s)",
-                            (name, kw.get("holder"), by == "session", mode["shared"], mode["permits"])) == "FL003", asked
+                                   "shared => %s, permits => %s)", args) == "FL003", asked
             t0 = time.monotonic()
             assert sqlstate(again, ACQUIRE, (name, "30 s", "30 s", kw.get("holder"), by == "session",
                                              mode["shared"], mode["permits"])) == "FL003", asked
@@ -421,26 +422,25 @@ def test_the_same_holder_or_session_gets_its_token_back_for_the_same_mode_and_FL
 def test_changing_modes_by_release_and_acquire_in_one_transaction_lets_nobody_in_between(cluster, app, mon):
     name = "modes:change"
     with cluster.connect(app) as a, cluster.connect(app) as b:
-        s = try_acquire(a, name, holder="h", shared=True)
-        for new_mode, old in (({}, s), (dict(shared=True), None)):
-            if old is None:
-                old = e
+        held = try_acquire(a, name, holder="h", shared=True)
+        held_as = ("shared", None)
+        for new_mode, shown in ((dict(shared=False), ("exclusive", 1)), (dict(shared=True), ("shared", None))):
             a.execute("BEGIN")
-            assert release(a, name, old) is True
-            e = try_acquire(a, name, holder="h", **new_mode)
-            assert e is not None and e > old
+            assert release(a, name, held) is True
+            new = try_acquire(a, name, holder="h", **new_mode)
+            assert new is not None and new > held
             # until the commit the name is held, in both modes: nobody slips in
             assert try_acquire(b, name, holder="x", shared=True) is None
             assert try_acquire(b, name, holder="x") is None
             assert sqlstate(b, ACQUIRE, (name, "30 s", "300 ms", "x", False, True, 1)) == "55P03"
-            assert live_leases(mon, name) == [(old, "h", "exclusive" if old != s else "shared", None if old == s else 1)]
+            assert live_leases(mon, name) == [(held, "h") + held_as]
             a.execute("COMMIT")
-            mode = "shared" if new_mode else "exclusive"
-            assert live_leases(mon, name) == [(e, "h", mode, None if new_mode else 1)]
+            assert live_leases(mon, name) == [(new, "h") + shown]
+            held, held_as = new, shown
         h = history_of(mon, [name])
         assert [(r["mode"], r["ended_by"]) for r in h] == [("shared", "release"), ("exclusive", "release"),
                                                           ("shared", None)]
-        assert release(a, name, e) is True
+        assert release(a, name, held) is True
 
 
 # -- nobody waits for themselves ----------------------------------------------------------------
@@ -601,8 +601,8 @@ def test_a_queued_exclusive_request_keeps_later_shared_requests_behind_it_in_a_l
     writer = next(r for r in h if r["holder"] == "writer")
     jumped = [r["token"] for r in h if r["mode"] == "shared" and queued_at < r["acquired_at"] < writer["acquired_at"]]
     waited = (writer["acquired_at"] - queued_at).total_seconds() * 1000
-    print(f"the writer waited {waited:.0f} ms behind {sum(1 for r in h if r['acquired_at'] < queued_at and lease_end(r) > queued_at)} "
-          f"readers' leases; {len(h) - 1} reader grants in all")
+    ahead = sum(1 for r in h if r["acquired_at"] < queued_at < lease_end(r))
+    print(f"the writer waited {waited:.0f} ms behind {ahead} readers' leases; {len(h) - 1} reader grants in all")
     assert jumped == []
     assert all(lease_end(r) <= writer["acquired_at"] for r in h if r["acquired_at"] < writer["acquired_at"])
     assert all(r["acquired_at"] >= writer["ended_at"] for r in h if r["token"] > writer["token"])
@@ -892,9 +892,12 @@ def test_an_exclusive_lease_being_renewed_is_never_granted_to_another_holder(clu
     assert wrong == [], f"another holder got the name while token {token} was live (token, live tokens): {wrong}"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="bug: the guard, fenced_lock_assert and fenced_lock_validate read a lease's "
-                                       "record while a renew (which they do not wait for) rewrites it, and can miss "
-                                       "it: a live lease is refused (FL001) or reported not live")
+GUARD_XFAIL = ("bug: the guard, fenced_lock_assert and fenced_lock_validate read a lease's record (SnapshotSelf, "
+               "through the index) while a renew, which they do not wait for, rewrites it; they can miss it: a live "
+               "lease is refused (FL001) or reported not live")
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=GUARD_XFAIL)
 @pytest.mark.budget(90)
 def test_a_lease_being_renewed_is_never_refused_by_the_guard_assert_or_validate(cluster, app, mon):
     """While its holder renews in a loop, the holder's guarded writes,

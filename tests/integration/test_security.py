@@ -849,7 +849,8 @@ def test_another_roles_pid_and_holder_are_hidden_except_through_fenced_lock_lead
             while not one(su, "SELECT count(*) FROM fenced_lock_waiters WHERE name = %s", (lock,)):
                 assert time.monotonic() < deadline, "the waiter never queued"
                 time.sleep(0.01)
-            leases = "SELECT token, holder, pid, owner::text, session_bound, live FROM fenced_lock_leases WHERE name = %s"
+            leases = ("SELECT token, holder, pid, owner::text, session_bound, live FROM fenced_lock_leases "
+                      "WHERE name = %s")
             history = "SELECT token, holder FROM fenced_lock_history WHERE name = %s"
             waiters = "SELECT holder, owner::text FROM fenced_lock_waiters WHERE name = %s"
             assert a.execute(leases, (lock,)).fetchone() == (token, "secret-holder", a.info.backend_pid, sec.APP_A,

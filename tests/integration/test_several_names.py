@@ -30,7 +30,7 @@ from psycopg import sql
 
 import it_support
 from it_support import elapsed_ms, start, wait_until
-from modes_support import ALL_FUNCTIONS, VIEWS, history_of, lease_state, one, sqlstate
+from modes_support import ALL_FUNCTIONS, VIEWS, Listener, history_of, lease_state, one, sqlstate
 
 HANDOFF_BOUND_S = 2.0
 
@@ -459,3 +459,48 @@ def test_renew_all_with_holder_null_renews_every_lease_bound_to_this_session(clu
         assert [after[i] > before[i] for i in range(1, 6)] == [True, True, False, False, False]
         assert one(a2, "SELECT fenced_lock_renew_all(NULL, '5 min')") == 1
         assert expires(mon, n(5)) > before[5]
+
+
+BY_MODE = ["grants", "renewals", "releases", "expiries", "force_releases", "session_ends", "waits", "wait_timeouts"]
+
+
+def exclusive_counts(conn):
+    return dict(zip(BY_MODE, conn.execute(f"SELECT {', '.join(BY_MODE)} FROM fenced_lock_stats_by_mode "
+                                          "WHERE mode = 'exclusive'").fetchone()))
+
+
+def test_each_lease_of_the_several_names_calls_counts_and_notifies_like_a_single_one(preload_cluster):
+    """docs/reference.md: each lease of acquire_all is an ordinary exclusive
+    lease, with its own counters; release_all and renew_all count per lease;
+    a grant or release sends one NOTIFY per lease, a renewal none, and a call
+    that timed out (rolled back) counts its wait and sends nothing."""
+    c = preload_cluster
+    dbname = c.create_database("it_several_names_counts")
+    c.sql(f'ALTER DATABASE "{dbname}" SET fenced_lock.notify = on')
+    names = ["cnt:c", "cnt:a", "cnt:b"]
+    try:
+        with c.connect(dbname) as mon, c.connect(dbname) as lc, c.connect(dbname) as a, c.connect(dbname) as b:
+            listener = Listener(lc)
+            listener.until_marker(mon)
+            before = exclusive_counts(mon)
+            tokens = acquire_all(a, names, "1 min", "1 s", "h")
+            assert one(a, "SELECT fenced_lock_renew_all('h', '2 min')") == 3
+            assert release_all(a, names, tokens) == 3
+            assert release_all(a, names, tokens) == 0
+            held = try_acquire(b, "cnt:b", "1 min", "x")
+            assert sqlstate(a, ACQUIRE_ALL, (names, "1 min", "200 ms", "h", False)) == "55P03"
+            assert try_all(a, names, "1 min", "h") is None
+            assert release(b, "cnt:b", held) is True
+            after = exclusive_counts(mon)
+            delta = {k: after[k] - before[k] for k in BY_MODE}
+            assert delta == dict(grants=4, renewals=3, releases=4, expiries=0, force_releases=0, session_ends=0,
+                                 waits=1, wait_timeouts=1), delta
+            seen = [(p["name"], p["event"], p["token"], p["mode"]) for p in listener.until_marker(mon)]
+            by_name = dict(zip(names, tokens))
+            grants = [(n, "grant", by_name[n], "exclusive") for n in sorted(names)]  # taken in byte order
+            releases = sorted((n, "release", by_name[n], "exclusive") for n in names)
+            assert seen[:3] == grants, seen
+            assert sorted(seen[3:6]) == releases, seen
+            assert seen[6:] == [("cnt:b", "grant", held, "exclusive"), ("cnt:b", "release", held, "exclusive")], seen
+    finally:
+        c.sql(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
