@@ -826,10 +826,10 @@ RACE_XFAIL = ("bug: renew, renew_all and a same-holder re-acquire rewrite the le
 # how a holder keeps its lease alive, and how long a race runs at most (the
 # bug shows within a second for the first two, within seconds for the third)
 KEEPALIVES = {
-    "renew": ("SELECT fenced_lock_renew(%(name)s, %(token)s, '5 min') = %(true)s", 12),
-    "renew_all": ("SELECT fenced_lock_renew_all(%(holder)s, '5 min') = 1", 12),
+    "renew": ("SELECT fenced_lock_renew(%(name)s, %(token)s, '5 min') = %(true)s", 8),
+    "renew_all": ("SELECT fenced_lock_renew_all(%(holder)s, '5 min') = 1", 8),
     "same_holder_reacquire": ("SELECT fenced_lock_try_acquire(%(name)s, '5 min', %(holder)s, permits => 100) "
-                              "= %(token)s", 30),
+                              "= %(token)s", 20),
 }
 
 
