@@ -8,6 +8,7 @@ Run: /usr/bin/python3 -m pytest -q tests/integration/test_hostile_input.py
 
 import os
 import random
+import time
 
 import psycopg
 import pytest
@@ -818,3 +819,239 @@ def test_random_calls_keep_a_consistent_state_and_raise_only_spec_sqlstates(sec,
     assert len(model.tokens) >= 10, model.tokens
     assert all(counts.get(op, 0) > 10 for op in ["try", "renew", "release", "validate", "assert", "force"]), counts
     assert {None, "22004", "22023", "42501", "FL001", "55P03"} <= set(outcomes), outcomes
+
+
+# == 0.3.0: modes, several names, renew_all, proclaim ==========================
+#
+# Every odd argument of the 0.3.0 calls gets the SQLSTATE docs/reference.md
+# names ("Modes", "Several names at once", "Leader election", "SQLSTATEs"),
+# and a refused call changes nothing: the lease records (expiries and
+# proclaimed values included) and the history are the same before and after.
+
+from modes_support import grant_new_functions, lease_state  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def api030(sec):
+    """APP_A and APP_B may call the 0.3.0 functions too."""
+    with sec.connect() as su:
+        grant_new_functions(su, sec.APP_A, sec.APP_B)
+    return sec
+
+
+@pytest.fixture
+def bystander(sec, su, api030):
+    """A live lease of APP_A (holder 'h', a proclaimed value) that every refused
+    call below must leave exactly as it is."""
+    with sec.connect(sec.APP_A) as a:
+        t = acquire(a, "hostile:030:bystander", holder="h")
+        assert one(a, "SELECT fenced_lock_proclaim('hostile:030:bystander', %s, 'v')", (t,)) is True
+    yield t
+    su.execute("SELECT fenced_lock_force_release('hostile:030:bystander')")
+
+
+def refused(su, conn, query, params=None):
+    """Run `query`, which must fail; its SQLSTATE, after checking that the
+    lease state did not change."""
+    before = lease_state(su)
+    code = sqlstate(conn, query, params)
+    assert code is not None, query
+    assert lease_state(su) == before, query
+    return code
+
+
+MODE_ARGUMENTS = [
+    ("permits => 0", "22023"),
+    ("permits => -1", "22023"),
+    ("permits => -2147483648", "22023"),
+    ("permits => NULL", "22004"),
+    ("permits => 10001", "22023"),
+    ("permits => 2147483647", "22023"),
+    ("shared => NULL", "22004"),
+    ("session_bound => NULL", "22004"),
+    ("shared => true, permits => 2", "22023"),
+    ("shared => true, permits => 10000", "22023"),
+    ("shared => NULL, permits => NULL", "22004"),
+    # the edges that are fine
+    ("permits => 1", None),
+    ("permits => 2", None),
+    ("permits => 10000", None),
+    ("shared => true, permits => 1", None),
+    ("shared => false, permits => 3", None),
+]
+
+
+@pytest.mark.parametrize("args,code", MODE_ARGUMENTS, ids=[a for a, _ in MODE_ARGUMENTS])
+def test_mode_arguments_out_of_range_or_null_get_their_sqlstate_and_change_nothing(sec, su, bystander, args, code):
+    name = "hostile:030:mode:" + args
+    with sec.connect(sec.APP_A) as a:
+        for q in [f"SELECT fenced_lock_try_acquire(%s, '1 minute', 'h', {args})",
+                  f"SELECT fenced_lock_acquire(%s, '1 minute', '1 second', 'h', {args})"]:
+            if code is not None:
+                assert refused(su, a, q, (name,)) == code, q
+            else:
+                t = one(a, q, (name,))
+                assert t is not None, q
+                assert one(a, "SELECT fenced_lock_release(%s, %s)", (name, t)) is True
+    assert lease_record(su, name) is None
+
+
+@pytest.mark.parametrize("held,asked", [
+    ("permits => 3", "permits => 2"),
+    ("permits => 3", "permits => 4"),
+    ("permits => 3", "permits => 10000"),
+    ("permits => 3", "shared => true"),
+    ("permits => 3", "permits => 1"),
+    ("shared => true", "permits => 2"),
+    ("permits => 1", "permits => 2"),
+])
+def test_a_request_that_does_not_fit_a_live_name_is_FL003_at_once_and_changes_nothing(sec, su, bystander, held,
+                                                                                      asked):
+    """The count belongs to the name while any of its leases lives: another
+    count, or another mode beside a semaphore, can never be granted by
+    waiting (FL003 at once, from another role too)."""
+    name = f"hostile:030:fit:{held}:{asked}"
+    with sec.connect(sec.APP_A) as a, sec.connect(sec.APP_B) as b:
+        t = one(a, f"SELECT fenced_lock_try_acquire(%s, '1 minute', 'a', {held})", (name,))
+        assert t is not None
+        for q in [f"SELECT fenced_lock_try_acquire(%s, '1 minute', 'b', {asked})",
+                  f"SELECT fenced_lock_acquire(%s, '1 minute', '30 seconds', 'b', {asked})"]:
+            t0 = time.monotonic()
+            assert refused(su, b, q, (name,)) == "FL003", q
+            assert time.monotonic() - t0 < 5, q
+        assert one(a, "SELECT fenced_lock_release(%s, %s)", (name, t)) is True
+
+
+NAMES_ARGUMENTS = [
+    ("'{}'::text[]", "22023"),
+    ("NULL::text[]", "22004"),
+    ("ARRAY['hostile:030:n:a', NULL]", "22004"),
+    ("ARRAY[NULL::text]", "22004"),
+    ("ARRAY['hostile:030:n:a', 'hostile:030:n:b', 'hostile:030:n:a']", "22023"),
+    ("ARRAY[ARRAY['hostile:030:n:a', 'hostile:030:n:b'], ARRAY['hostile:030:n:c', 'hostile:030:n:d']]", "22023"),
+    ("ARRAY(SELECT 'hostile:030:n:' || g FROM generate_series(1, 1001) g)", "22023"),
+    ("ARRAY['hostile:030:n:a', repeat('x', 513)]", "22023"),
+    ("ARRAY['hostile:030:n:a', repeat('é', 257)]", "22023"),   # 257 characters, 514 bytes
+    ("ARRAY['hostile:030:n:a', '']", "22023"),
+    # the edges that are fine
+    ("ARRAY(SELECT 'hostile:030:n:' || g FROM generate_series(1, 1000) g)", None),
+    ("ARRAY['hostile:030:n:a', repeat('x', 512), repeat('é', 256)]", None),
+    ("ARRAY['hostile:030:n:a', 'hostile:030:n:a ', 'hostile:030:n:A']", None),  # not duplicates: other bytes
+    ("'[5:6]={hostile:030:n:a,hostile:030:n:b}'::text[]", None),
+]
+
+
+@pytest.mark.parametrize("names,code", NAMES_ARGUMENTS, ids=range(len(NAMES_ARGUMENTS)))
+def test_names_arrays_that_are_empty_null_not_flat_too_long_or_with_duplicates_are_refused(sec, su, bystander,
+                                                                                           names, code):
+    with sec.connect(sec.APP_A) as a:
+        for q in [f"SELECT fenced_lock_try_acquire_all({names}, '1 minute', 'h')",
+                  f"SELECT fenced_lock_acquire_all({names}, '1 minute', '1 second', 'h')"]:
+            if code is not None:
+                assert refused(su, a, q) == code, q
+            else:
+                got = one(a, q)
+                n = one(a, f"SELECT cardinality({names})")
+                assert len(got) == n and len(set(got)) == n, q
+                assert one(a, f"SELECT fenced_lock_release_all({names}, %s)", (got,)) == n
+        # release_all checks the names the same way (tokens of the same length)
+        if code is not None:
+            tokens = "NULL::bigint[]" if names.startswith("NULL") else \
+                f"array_fill(1::bigint, ARRAY[coalesce(cardinality({names}), 0)])"
+            assert refused(su, a, f"SELECT fenced_lock_release_all({names}, {tokens})") == code
+
+
+@pytest.mark.parametrize("tokens,code", [
+    ("ARRAY[%(t)s]", "22023"),                    # shorter than names
+    ("ARRAY[%(t)s, 1, 2]", "22023"),              # longer
+    ("ARRAY[%(t)s, NULL]", "22004"),
+    ("NULL::bigint[]", "22004"),
+    ("'{}'::bigint[]", "22023"),
+    ("ARRAY[%(t)s, 0]", "22023"),
+    ("ARRAY[%(t)s, -1]", "22023"),
+    ("ARRAY[ARRAY[%(t)s], ARRAY[1]]", "22023"),   # two-dimensional
+])
+def test_release_all_with_tokens_of_another_length_or_null_elements_releases_nothing(sec, su, bystander, tokens,
+                                                                                     code):
+    names = ["hostile:030:rel:a", "hostile:030:rel:b"]
+    with sec.connect(sec.APP_A) as a:
+        t = acquire(a, names[0], holder="h")
+        q = "SELECT fenced_lock_release_all(%(names)s, " + tokens + ")"
+        assert refused(su, a, q, {"names": names, "t": t}) == code
+        assert one(a, "SELECT fenced_lock_validate(%s, %s)", (names[0], t)) is True  # not released
+        assert one(a, "SELECT fenced_lock_release_all(%s, %s)", (names, [t, t + 1000])) == 1
+
+
+@pytest.mark.parametrize("value,code", [
+    ("repeat('x', 4097)", "22023"),
+    ("repeat('é', 2049)", "22023"),       # 2049 characters, 4098 bytes
+    ("repeat('🔒', 1025)", "22023"),      # 4100 bytes
+    ("NULL", "22004"),
+    ("repeat('x', 4096)", None),
+    ("repeat('é', 2048)", None),          # 4096 bytes
+    ("''", None),
+    ("'''; DROP TABLE victim; --'", None),
+])
+def test_proclaimed_value_over_4096_bytes_or_null_is_refused_and_the_old_value_stays(sec, su, victim, api030, value,
+                                                                                     code):
+    name = "hostile:030:proclaim"
+    with sec.connect(sec.APP_A) as a:
+        t = acquire(a, name, holder="h")
+        assert one(a, "SELECT fenced_lock_proclaim(%s, %s, 'before')", (name, t)) is True
+        q = f"SELECT fenced_lock_proclaim(%s, %s, {value})"
+        if code is not None:
+            assert refused(su, a, q, (name, t)) == code
+            assert one(a, "SELECT value FROM fenced_lock_leader(%s)", (name,)) == "before"
+        else:
+            assert one(a, q, (name, t)) is True
+            assert one(a, "SELECT value = " + value + " FROM fenced_lock_leader(%s)", (name,)) is True
+        assert one(a, "SELECT fenced_lock_release(%s, %s)", (name, t)) is True
+    assert victim_intact(su)
+
+
+@pytest.mark.parametrize("ttl", ["0", "-1 microsecond", "-1 second", "1 day 1 microsecond", "2 days", "1 mon",
+                                 "178000000 years", "-178000000 years"])
+def test_renew_all_with_a_bad_ttl_is_22023_and_renews_nothing(sec, su, bystander, ttl):
+    with sec.connect(sec.APP_A) as a:
+        one(a, "SELECT fenced_lock_try_acquire('hostile:030:renew', '1 minute', 'r', true)")
+        for holder in ("r", "h", None):
+            assert refused(su, a, "SELECT fenced_lock_renew_all(%s, %s::interval)", (holder, ttl)) == "22023"
+        assert one(a, "SELECT fenced_lock_renew_all('r', '1 day')") == 1  # the edge is fine
+        assert one(a, "SELECT fenced_lock_renew_all(NULL, '1 day')") == 1
+
+
+@pytest.mark.parametrize("query,code", [
+    ("SELECT fenced_lock_renew_all(repeat('h', 513), '1 minute')", "22023"),
+    ("SELECT fenced_lock_try_acquire_all(ARRAY['hostile:030:x'], NULL)", "22004"),
+    ("SELECT fenced_lock_try_acquire_all(ARRAY['hostile:030:x'], '0')", "22023"),
+    ("SELECT fenced_lock_try_acquire_all(ARRAY['hostile:030:x'], '1 minute', repeat('h', 513))", "22023"),
+    ("SELECT fenced_lock_try_acquire_all(ARRAY['hostile:030:x'], '1 minute', 'h', NULL)", "22004"),
+    ("SELECT fenced_lock_acquire_all(ARRAY['hostile:030:x'], '1 minute', '-1 microsecond')", "22023"),
+    ("SELECT fenced_lock_acquire_all(ARRAY['hostile:030:x'], NULL, '1 second')", "22004"),
+    ("SELECT fenced_lock_proclaim(NULL, 1, 'v')", "22004"),
+    ("SELECT fenced_lock_proclaim('', 1, 'v')", "22023"),
+    ("SELECT fenced_lock_proclaim(repeat('x', 513), 1, 'v')", "22023"),
+    ("SELECT fenced_lock_proclaim('hostile:030:x', NULL, 'v')", "22004"),
+    ("SELECT fenced_lock_proclaim('hostile:030:x', 0, 'v')", "22023"),
+    ("SELECT fenced_lock_proclaim('hostile:030:x', -9223372036854775808, 'v')", "22023"),
+    ("SELECT * FROM fenced_lock_leader(NULL)", "22004"),
+    ("SELECT * FROM fenced_lock_leader('')", "22023"),
+    ("SELECT * FROM fenced_lock_leader(repeat('x', 513))", "22023"),
+])
+def test_other_bad_arguments_of_the_030_functions_get_their_sqlstate(sec, su, bystander, query, code):
+    with sec.connect(sec.APP_A) as a:
+        assert refused(su, a, query) == code
+
+
+def test_hostile_names_in_acquire_all_are_kept_byte_for_byte(sec, su, victim, api030):
+    names = [s for s in HOSTILE_STRINGS if len(s.encode()) <= 512]
+    with sec.connect(sec.APP_A) as a:
+        tokens = one(a, "SELECT fenced_lock_acquire_all(%s, '1 minute', '1 second', %s)", (names, "'; DROP --"))
+        assert len(tokens) == len(names) == len(set(tokens))
+        stored = dict(su.execute("SELECT token, convert_to(name, 'UTF8') FROM fenced_lock_internal.granted_leases "
+                                 "WHERE token = ANY(%s)", (tokens,)).fetchall())
+        assert [stored[t] for t in tokens] == [n.encode() for n in names]
+        assert one(a, "SELECT fenced_lock_try_acquire_all(%s, '1 minute', %s)", (names, "'; DROP --")) == tokens
+        assert one(a, "SELECT fenced_lock_renew_all(%s)", ("'; DROP --",)) == len(names)
+        assert one(a, "SELECT fenced_lock_release_all(%s, %s)", (names, tokens)) == len(names)
+    assert victim_intact(su)

@@ -7,6 +7,8 @@ Run: /usr/bin/python3 -m pytest -q tests/integration/test_security.py
 """
 
 import hashlib
+import threading
+import time
 
 import psycopg
 import pytest
@@ -786,3 +788,134 @@ def test_truncate_is_guarded_by_the_before_truncate_trigger(sec, table):
     assert rows(sec, table) == before
     with sec.connect() as su:
         assert one(su, sql.SQL("SELECT count(*) FROM guarded.{}").format(I(whole))) == 0
+
+
+# == 0.3.0: several names, renew_all, proclaim, the leader, pid =================
+
+from modes_support import NEW_FUNCTIONS, grant_new_functions  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def api030(sec):
+    """APP_A and APP_B may call the 0.3.0 functions, and read the history
+    and waiters views too."""
+    with sec.connect() as su:
+        grant_new_functions(su, sec.APP_A, sec.APP_B)
+        for v in ("fenced_lock_history", "fenced_lock_waiters"):
+            su.execute(sql.SQL("GRANT SELECT ON {} TO {}, {}").format(I(v), I(sec.APP_A), I(sec.APP_B)))
+    return sec
+
+
+def test_release_all_renew_all_and_proclaim_of_another_roles_lease_are_refused(sec, su, lock, api030):
+    holder = "worker-030"  # only this test's leases have it
+    token, _ = held_by_a(sec, lock, holder=holder)
+    with sec.connect(sec.APP_A) as a:
+        assert one(a, "SELECT fenced_lock_proclaim(%s, %s, 'mine')", (lock, token)) is True
+    before = lease_record(su, lock)
+    value = one(su, "SELECT value FROM fenced_lock_internal.granted_leases WHERE name = %s", (lock,))
+    with sec.connect(sec.APP_B) as b:
+        mine = acquire(b, lock + ":b", holder=holder)
+        assert sqlstate(b, "SELECT fenced_lock_release_all(%s, %s)", ([lock], [token])) == "42501"
+        # refused as a whole: B's own lease in the same call is not released either
+        assert sqlstate(b, "SELECT fenced_lock_release_all(%s, %s)", ([lock + ":b", lock], [mine, token])) == "42501"
+        assert one(b, "SELECT fenced_lock_validate(%s, %s)", (lock + ":b", mine)) is True
+        # renew_all renews only what B may renew: its own lease with that holder
+        assert one(b, "SELECT fenced_lock_renew_all(%s, '1 day')", (holder,)) == 1
+        assert one(b, "SELECT fenced_lock_proclaim(%s, %s, 'evil')", (lock, token)) is False
+        # the holder text is A's, and still not B's way in
+        assert one(b, "SELECT fenced_lock_try_acquire_all(%s, '1 minute', %s)", ([lock], holder)) is None
+        assert sqlstate(b, "SELECT fenced_lock_acquire_all(%s, '1 minute', '0', %s)", ([lock], holder)) == "55P03"
+        assert one(b, "SELECT fenced_lock_release(%s, %s)", (lock + ":b", mine)) is True
+    assert lease_record(su, lock) == before
+    assert one(su, "SELECT value FROM fenced_lock_internal.granted_leases WHERE name = %s", (lock,)) == value == "mine"
+    with sec.connect(sec.MEMBER_A) as m:  # a member of the owner may (control)
+        assert one(m, "SELECT fenced_lock_renew_all(%s, '2 hours')", (holder,)) == 1
+        assert one(m, "SELECT fenced_lock_release_all(%s, %s)", ([lock], [token])) == 1
+
+
+def test_another_roles_pid_and_holder_are_hidden_except_through_fenced_lock_leader(sec, su, lock, api030):
+    with sec.connect(sec.APP_A) as a, sec.connect(sec.APP_A) as a2, sec.connect(sec.APP_B) as b:
+        token = one(a, "SELECT fenced_lock_try_acquire(%s, '10 minutes', 'secret-holder', session_bound => true)",
+                    (lock,))
+        assert one(a, "SELECT fenced_lock_proclaim(%s, %s, 'secret-value')", (lock, token)) is True
+        ended = acquire(a, lock + ":ended", holder="secret-ended")
+        assert one(a, "SELECT fenced_lock_release(%s, %s)", (lock + ":ended", ended)) is True
+        a2.execute("SET statement_timeout = '20s'")
+        waiter = threading.Thread(target=lambda: sqlstate(
+            a2, "SELECT fenced_lock_acquire(%s, '1 minute', '10 seconds', 'secret-waiter')", (lock,)), daemon=True)
+        waiter.start()
+        try:
+            deadline = time.monotonic() + 10
+            while not one(su, "SELECT count(*) FROM fenced_lock_waiters WHERE name = %s", (lock,)):
+                assert time.monotonic() < deadline, "the waiter never queued"
+                time.sleep(0.01)
+            leases = ("SELECT token, holder, pid, owner::text, session_bound, live FROM fenced_lock_leases "
+                      "WHERE name = %s")
+            history = "SELECT token, holder FROM fenced_lock_history WHERE name = %s"
+            waiters = "SELECT holder, owner::text FROM fenced_lock_waiters WHERE name = %s"
+            assert a.execute(leases, (lock,)).fetchone() == (token, "secret-holder", a.info.backend_pid, sec.APP_A,
+                                                            True, True)
+            assert b.execute(leases, (lock,)).fetchone() == (None, None, None, sec.APP_A, True, True)
+            assert b.execute(history, (lock,)).fetchall() == [(None, None)]
+            assert b.execute(history, (lock + ":ended",)).fetchall() == [(None, None)]
+            assert a.execute(history, (lock + ":ended",)).fetchall() == [(ended, "secret-ended")]
+            assert b.execute(waiters, (lock,)).fetchall() == [(None, sec.APP_A)]
+            assert a.execute(waiters, (lock,)).fetchall() == [("secret-waiter", sec.APP_A)]
+            assert b.execute("SELECT count(*) FROM fenced_lock_leases l JOIN pg_stat_activity s USING (pid) "
+                             "WHERE l.name = %s", (lock,)).fetchone()[0] == 0
+            # by design, the leader function shows holder, token and value to whoever may call it
+            assert b.execute("SELECT holder, token, value FROM fenced_lock_leader(%s)", (lock,)).fetchone() == (
+                "secret-holder", token, "secret-value")
+        finally:
+            su.execute("SELECT pg_cancel_backend(%s)", (a2.info.backend_pid,))
+            waiter.join(10)
+
+
+def test_no_new_function_is_executable_by_public_after_create_extension(sec, su):
+    """In a fresh database: no function or view of the extension outside its
+    private schema is open to PUBLIC (the view helpers in
+    fenced_lock_internal are, by design, and PUBLIC cannot name them), and a
+    role granted nothing gets 42501 from each 0.3.0 function."""
+    fresh = f"{sec.db}_fresh"
+    su.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(I(fresh)))
+    su.execute(sql.SQL("CREATE DATABASE {}").format(I(fresh)))
+    try:
+        with sec.connect(dbname=fresh) as c:
+            c.execute("CREATE EXTENSION fenced_lock")
+            objects = c.execute(
+                "SELECT p.oid::regprocedure::text, n.nspname, "
+                "       EXISTS (SELECT FROM aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) x "
+                "               WHERE x.grantee = 0 AND x.privilege_type = 'EXECUTE') "
+                "  FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+                "  JOIN pg_depend d ON d.classid = 'pg_proc'::regclass AND d.objid = p.oid AND d.deptype = 'e' "
+                "  JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'fenced_lock'").fetchall()
+            public = {f for f, schema, open_ in objects if open_ and schema != "fenced_lock_internal"}
+            assert public == set(), public
+            names = {f for f, schema, _ in objects if schema != "fenced_lock_internal"}
+            new = {one(c, "SELECT %s::regprocedure::text", (f,)) for f in NEW_FUNCTIONS}
+            assert new <= names, new - names
+            views = c.execute(
+                "SELECT c.relname FROM pg_class c JOIN pg_depend d ON d.classid = 'pg_class'::regclass "
+                "AND d.objid = c.oid AND d.deptype = 'e' JOIN pg_extension e ON e.oid = d.refobjid "
+                "AND e.extname = 'fenced_lock' WHERE c.relkind = 'v' AND EXISTS (SELECT FROM "
+                "aclexplode(coalesce(c.relacl, acldefault('r', c.relowner))) x WHERE x.grantee = 0)").fetchall()
+            assert views == []
+            c.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(I(fresh), I(sec.NOEXEC)))
+        calls = [
+            "SELECT fenced_lock_try_acquire_all(ARRAY['x'])",
+            "SELECT fenced_lock_acquire_all(ARRAY['x'], '1 minute', '0')",
+            "SELECT fenced_lock_release_all(ARRAY['x'], ARRAY[1::bigint])",
+            "SELECT fenced_lock_renew_all('h')",
+            "SELECT * FROM fenced_lock_leader('x')",
+            "SELECT fenced_lock_proclaim('x', 1, 'v')",
+            "SELECT * FROM fenced_lock_stats_by_mode",
+            "SELECT * FROM fenced_lock_waiters",
+            "SELECT * FROM fenced_lock_history",
+        ]
+        with sec.connect(sec.NOEXEC, dbname=fresh) as n:
+            for q in calls:
+                assert sqlstate(n, q) == "42501", q
+        with sec.connect(dbname=fresh) as c:
+            assert c.execute("SELECT count(*) FROM fenced_lock_internal.granted_leases").fetchone()[0] == 0
+    finally:
+        su.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(I(fresh)))
