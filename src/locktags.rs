@@ -46,6 +46,7 @@ pub struct LockTag {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Mode {
     RowShare,
+    RowExclusive,
     ShareUpdateExclusive,
     Shared,
     Exclusive,
@@ -55,6 +56,7 @@ impl Mode {
     fn lockmode(self) -> pg_sys::LOCKMODE {
         (match self {
             Mode::RowShare => pg_sys::RowShareLock,
+            Mode::RowExclusive => pg_sys::RowExclusiveLock,
             Mode::ShareUpdateExclusive => pg_sys::ShareUpdateExclusiveLock,
             Mode::Shared => pg_sys::ShareLock,
             Mode::Exclusive => pg_sys::ExclusiveLock,

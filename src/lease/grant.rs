@@ -18,7 +18,7 @@ use crate::errors::FlError;
 use crate::locktags::{LockTag, Mode};
 use crate::mode::LeaseMode;
 use crate::roles::acts_for;
-use crate::store::{records_of, Ending, Grant, Lease, Store, Visibility};
+use crate::store::{records_of_under_name_lock, Ending, Grant, Lease, Store, Visibility};
 use crate::{session, xact};
 use pgrx::pg_sys;
 use std::cell::Cell;
@@ -93,7 +93,7 @@ impl Drop for NameLock {
 /// The records of `name` as a grant counts them at `now`: one per lease.
 fn judged(name: &str, now: i64) -> Result<Vec<(Lease, Status)>, FlError> {
     let mut out: Vec<(Lease, Status)> = Vec::new();
-    for seen in records_of(name, Visibility::WithInProgress)? {
+    for seen in records_of_under_name_lock(name, Visibility::WithInProgress)? {
         let status = judge(state_of(&seen.lease, now), seen.in_progress);
         // An update in flight (a renew) shows both versions: one lease, held.
         match out.iter_mut().find(|(l, _)| l.token == seen.lease.token) {

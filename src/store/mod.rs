@@ -33,7 +33,19 @@ pub fn check_catalog_writable() -> Result<(), FlError> {
 }
 
 /// Every record of `name`, seen as `visibility` says (reads work on older
-/// catalogs too).
+/// catalogs too), read under the name lock in `Share` mode, so that no
+/// update of one of them runs beside the scan (`Store::extend`: it could
+/// hide a live lease from it).
 pub fn records_of(name: &str, visibility: Visibility) -> Result<Vec<Seen>, FlError> {
+    let lock = crate::locktags::LockTag::name(name);
+    lock.lock(crate::locktags::Mode::Shared);
+    let seen = records_of_under_name_lock(name, visibility);
+    lock.unlock(crate::locktags::Mode::Shared);
+    seen
+}
+
+/// `records_of` for a caller that holds the name lock in `Exclusive` mode
+/// (a grant deciding).
+pub fn records_of_under_name_lock(name: &str, visibility: Visibility) -> Result<Vec<Seen>, FlError> {
     Ok(records::records_of(&catalog::objects()?, name, visibility))
 }

@@ -16,6 +16,7 @@ use super::catalog::{objects, LeaseColumns, Objects};
 use super::heap::{fetch, scan, InProgress, Row, ScanKey, Tid, Visibility};
 use crate::datum::{interval_value, text_datum, text_value};
 use crate::errors::FlError;
+use crate::locktags::{LockTag, Mode};
 use crate::mode::LeaseMode;
 use pgrx::pg_sys;
 use pgrx::pg_sys::Datum;
@@ -146,7 +147,25 @@ pub fn record(name: &str, token: i64) -> Result<Option<Lease>, FlError> {
             }
         }
     }
-    let mut keys = vec![name_key(&objects, name)];
+    let mut found = scan_for(&objects, name, token);
+    if found.is_none() && objects.current {
+        // Nothing found may mean an update of this record ran beside the
+        // scan (`Store::extend`): wait until none is under way, and look
+        // again. Only a lease that is not live pays for this.
+        let lock = LockTag::name(name);
+        lock.lock(Mode::Shared);
+        found = scan_for(&objects, name, token);
+        lock.unlock(Mode::Shared);
+    }
+    if objects.tids_stay_in_range {
+        remember(token, found.as_ref().map(|l| l.tid));
+    }
+    Ok(found)
+}
+
+/// The record of (`name`, `token`) that SnapshotSelf sees, through the index.
+fn scan_for(objects: &Objects, name: &str, token: i64) -> Option<Lease> {
+    let mut keys = vec![name_key(objects, name)];
     if objects.current {
         keys.push(ScanKey {
             attno: objects.columns.token,
@@ -162,10 +181,7 @@ pub fn record(name: &str, token: i64) -> Result<Option<Lease>, FlError> {
             found = Some(lease);
         }
     });
-    if objects.tids_stay_in_range {
-        remember(token, found.as_ref().map(|l| l.tid));
-    }
-    Ok(found)
+    found
 }
 
 /// The names and tokens of up to `limit` records that expired before `before`.

@@ -21,6 +21,7 @@ use super::records::{self, remember, Lease};
 use crate::datum::text_datum;
 use crate::errors::{quote_name, sqlstate, FlError};
 use crate::guc_scope::GucScope;
+use crate::locktags::{LockTag, Mode};
 use crate::mode::LeaseMode;
 use crate::roles::role_name;
 use crate::spi::{Connection, Statement};
@@ -191,25 +192,29 @@ impl Store {
     /// granted with stays recorded: `renew(name, token)` keeps using it.
     pub fn extend(&self, name: &str, lease: &Lease, now: i64, ttl_micros: i64) -> Result<(), FlError> {
         let expires_at = Datum::from(expiry(now, ttl_micros));
-        if self.objects.direct {
-            let replace = [(self.objects.columns.expires_at, Some(expires_at))];
-            self.update(lease, &replace);
-            Ok(())
-        } else {
-            expect_one(self.run(&EXTEND, &[Some(lease.tid.datum()), Some(expires_at)]), name)
-        }
+        moving_a_record(name, || {
+            if self.objects.direct {
+                let replace = [(self.objects.columns.expires_at, Some(expires_at))];
+                self.update(lease, &replace);
+                Ok(())
+            } else {
+                expect_one(self.run(&EXTEND, &[Some(lease.tid.datum()), Some(expires_at)]), name)
+            }
+        })
     }
 
     /// Publish `value` with `lease` (`fenced_lock_proclaim`).
     pub fn set_value(&self, name: &str, lease: &Lease, value: &str) -> Result<(), FlError> {
         let value = Some(text_datum(value));
-        if self.objects.direct {
-            let replace = [(self.objects.columns.value.expect("current catalog"), value)];
-            self.update(lease, &replace);
-            Ok(())
-        } else {
-            expect_one(self.run(&SET_VALUE, &[Some(lease.tid.datum()), value]), name)
-        }
+        moving_a_record(name, || {
+            if self.objects.direct {
+                let replace = [(self.objects.columns.value.expect("current catalog"), value)];
+                self.update(lease, &replace);
+                Ok(())
+            } else {
+                expect_one(self.run(&SET_VALUE, &[Some(lease.tid.datum()), value]), name)
+            }
+        })
     }
 
     fn update(&self, lease: &Lease, replace: &[(i16, Option<Datum>)]) {
@@ -306,6 +311,25 @@ pub fn written_directly() -> (bool, bool) {
         .ok()
         .map(|o| (o.direct, o.history.is_some_and(|h| h.direct.is_some())))
         .unwrap_or_default()
+}
+
+/// Update a record of `name` under the name lock in `RowExclusive` mode
+/// (docs/design.md, "Lock protocol", L4). An update writes a new version of
+/// the record, often with new index entries, and the old version dies when
+/// it commits: a scan running beside it could read the index before the new
+/// entry is there and the old version after it died, and so miss a live
+/// lease. Grants read under the name lock in `Exclusive` mode, so none reads
+/// while an update is under way; a read that finds nothing waits in `Share`
+/// mode and reads again (`records::record`). Updates of different leases of
+/// a name (`RowExclusive` with itself) never wait for each other, and the
+/// lock is given back as soon as the new version and its index entries are
+/// in: any scan after that finds the new version, committed or not.
+fn moving_a_record<T>(name: &str, update: impl FnOnce() -> Result<T, FlError>) -> Result<T, FlError> {
+    let lock = LockTag::name(name);
+    lock.lock(Mode::RowExclusive);
+    let updated = update()?;
+    lock.unlock(Mode::RowExclusive);
+    Ok(updated)
 }
 
 fn expiry(now: i64, ttl_micros: i64) -> i64 {

@@ -813,18 +813,22 @@ def race(cluster, app, renewers, probes, bound_s):
     stop.set()
     for t in threads:
         t.join(30)
-    if errors:  # not the wrong answer the test looks for: must not pass for an xfail
+    if errors:  # the race could not run: that is not a pass
         raise RuntimeError(f"the race itself failed: {errors}")
     return wrong, counts["renews"], counts["probes"], time.monotonic() - t0
 
 
-RACE_XFAIL = ("bug: renew, renew_all and a same-holder re-acquire rewrite the lease record (a new row version with "
-              "new index entries, expires_at being indexed) outside the name lock; a grant's index scan of the name's "
-              "records (SnapshotDirty) can then miss that live record and grant past it")
+# The race these guard against (docs/design.md, "Lock protocol", L4): a
+# renew, renew_all or same-holder re-acquire writes a new version of the
+# lease record, with new index entries; a scan of the name's records running
+# beside it could read the index before the new entry and the old version
+# after it died, and miss the live lease (a grant past it, or the guard
+# refusing it). Updates take the name lock (RowExclusive) for that reason.
 
 
 # how a holder keeps its lease alive, and how long a race runs at most (the
-# bug shows within a second for the first two, within seconds for the third)
+# race showed within a second for the first two, within seconds for the third,
+# before the fix)
 KEEPALIVES = {
     "renew": ("SELECT fenced_lock_renew(%(name)s, %(token)s, '5 min') = %(true)s", 8),
     "renew_all": ("SELECT fenced_lock_renew_all(%(holder)s, '5 min') = 1", 8),
@@ -833,7 +837,6 @@ KEEPALIVES = {
 }
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=RACE_XFAIL)
 @pytest.mark.budget(90)
 @pytest.mark.parametrize("how", list(KEEPALIVES))
 def test_renewing_permit_holders_never_let_a_contender_past_a_full_semaphore(cluster, app, mon, how):
@@ -867,7 +870,6 @@ def test_renewing_permit_holders_never_let_a_contender_past_a_full_semaphore(clu
     assert wrong == [], f"a contender got a permit with all {k} live (token, live permits seen): {wrong}"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=RACE_XFAIL)
 @pytest.mark.budget(90)
 def test_an_exclusive_lease_being_renewed_is_never_granted_to_another_holder(cluster, app, mon):
     """The holder renews in a loop (two sessions of its role, as a client
@@ -892,12 +894,7 @@ def test_an_exclusive_lease_being_renewed_is_never_granted_to_another_holder(clu
     assert wrong == [], f"another holder got the name while token {token} was live (token, live tokens): {wrong}"
 
 
-GUARD_XFAIL = ("bug: the guard, fenced_lock_assert and fenced_lock_validate read a lease's record (SnapshotSelf, "
-               "through the index) while a renew, which they do not wait for, rewrites it; they can miss it: a live "
-               "lease is refused (FL001) or reported not live")
 
-
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=GUARD_XFAIL)
 @pytest.mark.budget(90)
 def test_a_lease_being_renewed_is_never_refused_by_the_guard_assert_or_validate(cluster, app, mon):
     """While its holder renews in a loop, the holder's guarded writes,
