@@ -341,8 +341,8 @@ def test_stress_history_invariants(main_cluster, fresh_db):
         lease_evs = lease_history.lease_events(db)
         write_evs = lease_history.write_events(db)
         assert all(e["commit_ts"] is not None for e in lease_evs + write_evs)
-        problems = lease_history.check_leases(lease_evs) + lease_history.check_writes(lease_evs, write_evs)
-        assert not problems, problems[:20]
+        problems = lease_history.check(lease_evs, write_evs)
+        assert not problems, "\n".join(str(p) for p in problems[:20])
         # A same-session re-acquire returns the held token, unless that lease
         # ended in between by expiry or an operator; then the token is new and larger.
         for old, new in reacquired:
