@@ -489,7 +489,7 @@ def summary(lease_evs, write_evs=()):
         if lease.mode == "permit":
             s["counts"][f"{lease.name}:{lease.permits}"] += 1
         s["renews"][lease.mode] += len(lease.renews)
-        s["ended_by"][f"{lease.mode}:{lease.ended_by}"] += 1
+        s["ended_by"][f"{lease.mode}:{lease.ended_by or 'open'}"] += 1  # open: its record is still there
     for w in write_evs:
         lease = leases.get(w["token"])
         if w["op"] != "DELETE" and lease is not None:
