@@ -108,6 +108,44 @@ describe('keepalive', () => {
     assert.deepEqual(h.rows.map((r) => r.ended_by), ['release']);
   });
 
+  test("a renew held up by the holder's own transaction holds up its release only until the renew is cut", { timeout: 20_000 }, async () => {
+    // What a renew does wait for is another change of the same lease in an
+    // open transaction, here the holder's own: a leader proclaims, writes,
+    // releases, then commits. The release waits for the renew in flight,
+    // which waits for this very transaction until it is cut (after
+    // max(interval, 2 s)): then the release goes out, long before the deadline.
+    const id = nextRow();
+    const name = `row:${id}`;
+    await resetRow(admin, 'UPDATE fenced SET fence_token = NULL WHERE id = $1', [id]);
+    const lease = await locker.acquire(name, { ttl: 20_000, keepaliveInterval: 200 });
+    await lease.query('BEGIN');
+    const proclaimed = await lease.query<{ ok: boolean }>("SELECT fenced_lock_proclaim($1, $2::bigint, 'leader at 10.0.0.7') AS ok", [
+      name,
+      lease.token.toString(),
+    ]);
+    assert.equal(proclaimed.rows[0]!.ok, true);
+    await lease.query('UPDATE fenced SET fence_token = $1 WHERE id = $2', [lease.token.toString(), id]);
+    await waitFor('the renew to wait on the lease lock', 5000, async () => {
+      const r = await admin.query(
+        "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'fenced_lock_keepalive' AND wait_event_type = 'Lock'",
+      );
+      return r.rowCount === 1;
+    });
+    const called = performance.now();
+    assert.equal(await lease.release(), true);
+    const took = performance.now() - called;
+    await lease.query('COMMIT');
+    console.log(`release took ${took.toFixed(0)} ms with a renew held up behind its own transaction`);
+    assert.ok(took < 4000, `release took ${took.toFixed(0)} ms`);
+    assert.equal(lease.lost, false);
+    const h = await admin.query('SELECT ended_by FROM fenced_lock_history WHERE name = $1', [name]);
+    assert.deepEqual(h.rows.map((r) => r.ended_by), ['release']);
+    const row = await admin.query('SELECT fence_token FROM fenced WHERE id = $1', [id]);
+    assert.equal(BigInt(row.rows[0].fence_token), lease.token);
+    const leader = await admin.query('SELECT count(*)::int AS n FROM fenced_lock_leader($1)', [name]);
+    assert.equal(leader.rows[0].n, 0);
+  });
+
   test('pg_terminate_backend of the keepalive connection: it reconnects and renews, the lease stays live', { timeout: 30_000 }, async () => {
     const name = uniqueName('ka-terminate');
     const lease = await locker.acquire(name, { ttl: 1500 });
