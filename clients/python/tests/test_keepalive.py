@@ -4,7 +4,9 @@ connection of its own named fenced_lock_keepalive; a terminated keepalive
 connection is replaced and the lease stays live; a session-bound lease whose
 own connection is terminated is lost at the next renew; a renew that says
 false, or a deadline that passes, signals lost exactly once; no renew is
-sent after a release, even with one in flight when release is called."""
+sent after a release, even with one in flight when release is called; a
+guarded transaction three ttls long keeps its lease; a renew held up by the
+holder's own transaction does not hold up its release."""
 
 import gc
 import threading
