@@ -10,6 +10,9 @@ server. Each test checks one promise for every language at the same time
   its write refused with FL001, no release sent (the history shows the
   lease ended by expiry), exit 3;
 - hold whose --wait runs out: the error line with 55P03, exit 1;
+- hold --shared and hold --permits 2: the server has the lease in that mode
+  (another shared lease lives beside it, an exclusive one does not; a
+  second permit of 2, no third), renewed and released;
 - inventory: four processes selling 25 each from a stock of 100, one frozen
   past its ttl: the stock ends at 0, the 100 `sold` lines carry exactly the
   stocks 99..0, each process's `done` count matches its `sold` lines;
@@ -166,6 +169,48 @@ def test_hold_whose_wait_runs_out_prints_the_error_with_55p03_and_exits_1(each_l
                 assert admin.execute("SELECT fenced_lock_validate(%s, %s)", (lock, t)).fetchone()[0]
             finally:
                 admin.execute("SELECT fenced_lock_release(%s, %s)", (lock, t))
+
+    each_lang(check)
+
+
+def test_hold_takes_a_shared_lease_with_shared_and_a_permit_with_permits(each_lang, dsn, run_example):
+    def check(lang):
+        with connect(dsn) as admin:
+            readers, sem = f"readers:{lang}:{next_id()}", f"sem:{lang}:{next_id()}"
+            shared = run_example(lang, "hold", "--dsn", dsn, "--name", readers, "--ttl", "1", "--hold", "2",
+                                 "--shared")
+            permit = run_example(lang, "hold", "--dsn", dsn, "--name", sem, "--ttl", "1", "--hold", "2",
+                                 "--permits", "2")
+            ts = shared.expect("acquired", 60)["token"]
+            tp = permit.expect("acquired", 60)["token"]
+            # While they hold: the server has them in those modes; another
+            # shared lease lives beside the first, an exclusive one does not;
+            # a second permit of 2 is granted, then no third, and another
+            # count is a mode conflict.
+            assert admin.execute("SELECT mode, permits FROM fenced_lock_leases WHERE token = %s", (ts,)).fetchone() \
+                == ("shared", None)
+            assert admin.execute("SELECT mode, permits FROM fenced_lock_leases WHERE token = %s", (tp,)).fetchone() \
+                == ("permit", 2)
+            assert admin.execute("SELECT fenced_lock_try_acquire(%s, '5 s')", (readers,)).fetchone()[0] is None
+            other = admin.execute("SELECT fenced_lock_try_acquire(%s, '5 s', shared => true)", (readers,)).fetchone()[0]
+            second = admin.execute("SELECT fenced_lock_try_acquire(%s, '5 s', holder => 'h2', permits => 2)",
+                                   (sem,)).fetchone()[0]
+            assert other is not None and second is not None, (other, second)
+            assert admin.execute("SELECT fenced_lock_try_acquire(%s, '5 s', holder => 'h3', permits => 2)",
+                                 (sem,)).fetchone()[0] is None
+            with pytest.raises(psycopg.Error) as e:
+                admin.execute("SELECT fenced_lock_try_acquire(%s, '5 s', holder => 'h4', permits => 3)", (sem,))
+            assert e.value.sqlstate == "FL003", e.value
+            for hold, token in ((shared, ts), (permit, tp)):
+                released = hold.expect("released", 30)
+                assert hold.wait(30) == 0, hold.stderr
+                only_json_objects(hold)
+                assert released["token"] == token and released["released"] is True, released
+                assert hold.events("renewed"), "no renew of a lease of that mode"
+            assert admin.execute("SELECT fenced_lock_release(%s, %s)", (readers, other)).fetchone()[0]
+            assert admin.execute("SELECT fenced_lock_release(%s, %s)", (sem, second)).fetchone()[0]
+            ended = {**history(admin, readers), **history(admin, sem)}
+            assert ended[ts]["ended_by"] == ended[tp]["ended_by"] == "release", ended
 
     each_lang(check)
 
