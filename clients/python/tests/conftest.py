@@ -103,12 +103,6 @@ def dsn():
             c.execute(f"DROP ROLE IF EXISTS {role}")
 
 
-@pytest.fixture(scope="session")
-def admin_conn(dsn):
-    with psycopg.connect(dsn, autocommit=True) as c:
-        yield c
-
-
 @pytest.fixture
 def admin(dsn):
     """A superuser connection of the suite's database, for the test's own
