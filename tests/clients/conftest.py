@@ -1,10 +1,13 @@
 """Fixtures of the conformance examples' test (test_conformance.py).
 
-- `lang`: each language of FL_CLIENT_LANGS (space-separated; default all
-  five), as a parameter, so that a failure names its language; a language
-  whose clients/LANG/run-example does not exist yet is skipped. The first
-  use of a language runs one short hold with a long bound, since that may
-  build the client.
+- `langs`: the languages of FL_CLIENT_LANGS (space-separated; default all
+  five) whose clients/LANG/run-example exists (the test is skipped if none
+  does). Before the first test, each of them runs one short hold to its end,
+  all at once, with a long bound, since that may build the client: whatever
+  building takes happens there, not inside the tests' bounded waits.
+- `each_lang`: runs a test's check for every language at the same time, one
+  thread each, and fails once with what failed for every language that
+  failed, each named.
 - `dsn`: a superuser URL of database fl_conformance, created fresh (from
   FL_DSN, a superuser URL of database postgres) with the extension and the
   guarded tables the examples write: `docs` (the hold example's `--write
@@ -22,6 +25,8 @@ import signal
 import subprocess
 import threading
 import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
@@ -39,31 +44,6 @@ BUILD_BOUND_S = 900
 
 time_budget = budget_fixture(default_seconds=120)
 pytest_configure = register_budget_marker
-
-
-def pytest_generate_tests(metafunc):
-    if "lang" in metafunc.fixturenames:
-        metafunc.parametrize("lang", LANGS, indirect=True, scope="session")
-
-
-_built = {}
-
-
-@pytest.fixture(scope="session")
-def lang(request, dsn):
-    lang = request.param
-    if not (ROOT / "clients" / lang / "run-example").exists():
-        pytest.skip(f"clients/{lang}/run-example does not exist yet")
-    if lang not in _built:
-        # Whatever building the client takes happens here, once, and not
-        # inside the bounded waits of the tests: one short hold, run to the end.
-        started = time.monotonic()
-        p = subprocess.run([str(RUN), lang, "hold", "--dsn", dsn, "--name", f"warmup:{lang}", "--ttl", "5",
-                            "--hold", "0"], stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                           timeout=BUILD_BOUND_S)
-        _built[lang] = (p.returncode, time.monotonic() - started)
-        print(f"{lang}: first run (with any build) took {_built[lang][1]:.1f} s, exit {p.returncode}")
-    return lang
 
 
 def url_of_database(dsn, dbname):
@@ -99,10 +79,56 @@ def dsn():
         c.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
 
 
+@pytest.fixture(scope="session")
+def langs(dsn):
+    present = [lang for lang in LANGS if (ROOT / "clients" / lang / "run-example").exists()]
+    if not present:
+        pytest.skip(f"none of clients/{{{','.join(LANGS)}}}/run-example exists yet")
+
+    def warm_up(lang):
+        started = time.monotonic()
+        p = subprocess.run([str(RUN), lang, "hold", "--dsn", dsn, "--name", f"warmup:{lang}", "--ttl", "5",
+                            "--hold", "0"], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                           timeout=BUILD_BOUND_S)
+        print(f"{lang}: first run (with any build) took {time.monotonic() - started:.1f} s, exit {p.returncode}")
+
+    with ThreadPoolExecutor(len(present)) as pool:
+        list(pool.map(warm_up, present))
+    return present
+
+
 @pytest.fixture
-def admin(dsn):
-    with psycopg.connect(dsn, autocommit=True) as c:
-        yield c
+def each_lang(langs, run_example):
+    """each_lang(check): check(lang) for every language at once, one thread
+    each; then one AssertionError naming each language whose check failed,
+    with its message (and, for an error that is not an assertion, its
+    traceback). If the test is stopped meanwhile (its budget ran out), every
+    example is killed first, so that no check waits on."""
+
+    def run(check):
+        def one(lang):
+            try:
+                check(lang)
+                return None
+            except AssertionError as e:
+                return f"{lang}: {e}"
+            except Exception:
+                return f"{lang}: {traceback.format_exc()}"
+
+        pool = ThreadPoolExecutor(len(langs))
+        try:
+            failures = [(lang, f) for lang, f in zip(langs, pool.map(one, langs)) if f is not None]
+        except BaseException:
+            run_example.kill_all()
+            raise
+        finally:
+            pool.shutdown(wait=True)
+        if failures:
+            names = ", ".join(lang for lang, _ in failures)
+            raise AssertionError(f"failed for {names} ({len(failures)} of {len(langs)} languages):\n\n"
+                                 + "\n\n".join(f for _, f in failures))
+
+    return run
 
 
 class Example:
@@ -149,11 +175,11 @@ class Example:
             try:
                 msg = self.queue.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
-                raise AssertionError(f"{self.lang}: no {event!r} line within {timeout} s; "
+                raise AssertionError(f"{self.args[0]}: no {event!r} line within {timeout} s; "
                                      f"stderr:\n{self.stderr}") from None
             if msg["event"] in skip:
                 continue
-            assert msg["event"] == event, f"{self.lang}: expected {event!r}, got {msg}; stderr:\n{self.stderr}"
+            assert msg["event"] == event, f"{self.args[0]}: expected {event!r}, got {msg}; stderr:\n{self.stderr}"
             return msg
 
     def events(self, name):
@@ -167,7 +193,7 @@ class Example:
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"{self.lang} {self.args[0]}: still running after {timeout} s; "
+            raise AssertionError(f"{self.args[0]}: still running after {timeout} s; "
                                  f"stderr:\n{self.stderr}") from None
 
     def kill(self):
@@ -183,12 +209,20 @@ class Example:
 @pytest.fixture
 def run_example():
     started = []
+    lock = threading.Lock()
 
     def start(lang, *args):
         e = Example(lang, args)
-        started.append(e)
+        with lock:
+            started.append(e)
         return e
 
+    def kill_all():
+        with lock:
+            running = list(started)
+        for e in running:
+            e.kill()
+
+    start.kill_all = kill_all
     yield start
-    for e in started:
-        e.kill()
+    kill_all()

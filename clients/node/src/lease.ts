@@ -42,8 +42,8 @@ export interface LeaseInit {
   keepaliveInterval: number;
   conn: Conn;
   owned: boolean;
-  /** Monotonic instant no later than the server's grant: the deadline counts from it. */
-  grantedAt: number;
+  /** Monotonic instant the acquire was sent (before the grant): the deadline counts from it. */
+  sentAt: number;
   source: Source;
   sql: LeaseSql;
 }
@@ -51,6 +51,7 @@ export interface LeaseInit {
 type State = 'live' | 'lost' | 'released' | 'abandoned';
 
 let rollbackOwnedImpl: (lease: Lease) => Promise<boolean>;
+let startImpl: (lease: Lease, confirm: boolean) => Promise<void>;
 
 /**
  * @internal For withLock: rolls back a transaction the work left open on a
@@ -58,6 +59,17 @@ let rollbackOwnedImpl: (lease: Lease) => Promise<boolean>;
  */
 export function rollbackOwned(lease: Lease): Promise<boolean> {
   return rollbackOwnedImpl(lease);
+}
+
+/**
+ * @internal For the locker: starts the lease's deadline timer and keepalive.
+ * With `confirm` (the acquire waited in line), one renew first: the grant
+ * came at some unknown instant of the wait, and the deadline, counted from
+ * the acquire's send, may be (nearly) past; the renew's own send starts it
+ * again, and a lease that is not live comes back lost.
+ */
+export function startLease(lease: Lease, confirm: boolean): Promise<void> {
+  return startImpl(lease, confirm);
 }
 
 /** node-postgres' transaction status of a client: 'I' idle, 'T' in a transaction, 'E' in a failed one. */
@@ -129,8 +141,27 @@ export class Lease extends EventEmitter<LeaseEvents> implements AsyncDisposable 
     this.#source = init.source;
     this.#sql = init.sql;
     this.#tokenText = init.token.toString();
-    this.#lastSend = init.grantedAt;
-    this.#deadline = init.grantedAt + init.ttl;
+    this.#lastSend = init.sentAt;
+    this.#deadline = init.sentAt + init.ttl;
+  }
+
+  async #start(confirm: boolean): Promise<void> {
+    if (confirm) {
+      const sent = now();
+      try {
+        const r = await this.#conn.client.query<{ renewed: boolean }>(this.#sql.renew, [this.name, this.#tokenText]);
+        if (r.rows[0]?.renewed !== true) {
+          this.#markLost('renew_false');
+          return;
+        }
+        this.#lastSend = sent;
+        this.#deadline = sent + this.ttl;
+      } catch (err) {
+        // Granted all the same: the deadline stays counted from the acquire's
+        // send, and the keepalive (renewing at once) or the deadline decides.
+        this.#report(err);
+      }
+    }
     this.#armDeadline();
     if (this.sessionBound) {
       // The session is the lease: when its connection goes, renew at once to
@@ -262,6 +293,7 @@ export class Lease extends EventEmitter<LeaseEvents> implements AsyncDisposable 
 
   static {
     rollbackOwnedImpl = (lease) => lease.#rollbackOwned();
+    startImpl = (lease, confirm) => lease.#start(confirm);
   }
 
   /** Rolls back a transaction open on a connection of the locker; true if there was one. */

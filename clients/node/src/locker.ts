@@ -13,15 +13,8 @@ import {
   invalid,
 } from './args';
 import { StaleTokenError, UsageError, isStaleToken, mapError } from './errors';
-import { Lease, LeaseSql, now, rollbackOwned, txStatus } from './lease';
+import { Lease, LeaseSql, now, rollbackOwned, startLease, txStatus } from './lease';
 import { Conn, LockerSource, Source, borrow, makeSource } from './source';
-
-/**
- * The server's grant instant is estimated from below: the send instant plus
- * the time the server says the statement took up to just after the grant,
- * less this margin (the clock reading comes a little after the grant).
- */
-const WAIT_MARGIN_MS = 5;
 
 function quoteIdent(s: string): string {
   return `"${s.replace(/"/g, '""')}"`;
@@ -166,7 +159,7 @@ export class Locker {
     }
     const [text, values] = this.#acquireSql(kind, name, o);
     const sent = now();
-    let row: { token: string | number | bigint | null; waited?: string | number | null } | undefined;
+    let row: { token: string | number | bigint | null } | undefined;
     try {
       const r = await conn.client.query(text, values);
       row = r.rows[0];
@@ -178,8 +171,8 @@ export class Locker {
       await conn.close();
       return null;
     }
-    const waited = kind === 'acquire' && row.waited != null ? Math.max(0, Number(row.waited) * 1000 - WAIT_MARGIN_MS) : 0;
-    return new Lease({
+    const answered = now();
+    const lease = new Lease({
       name,
       token: BigInt(row.token),
       ttl: o.ttl,
@@ -191,10 +184,14 @@ export class Locker {
       keepaliveInterval: o.keepaliveInterval,
       conn,
       owned,
-      grantedAt: sent + (Number.isFinite(waited) ? waited : 0),
+      sentAt: sent,
       source: this.#source,
       sql: this.#leaseSql,
     });
+    // Its deadline counts from the send; after a wait in line of an interval
+    // or more, a renew before the lease is handed over gives it back its ttl.
+    await startLease(lease, kind === 'acquire' && answered - sent >= o.keepaliveInterval);
+    return lease;
   }
 
   #acquireSql(kind: 'tryAcquire' | 'acquire', name: string, o: CheckedLeaseOptions): [string, unknown[]] {
@@ -219,10 +216,7 @@ export class Locker {
       args.push(`permits => $${values.length}::integer`);
     }
     const fn = this.#fn(kind === 'acquire' ? 'fenced_lock_acquire' : 'fenced_lock_try_acquire');
-    // The waited time, read on the server right after the grant, lets the
-    // deadline count from the grant rather than from the start of a long wait.
-    const extra = kind === 'acquire' ? ', extract(epoch FROM clock_timestamp() - statement_timestamp()) AS waited' : '';
-    return [`SELECT ${fn}(${args.join(', ')}) AS token${extra}`, values];
+    return [`SELECT ${fn}(${args.join(', ')}) AS token`, values];
   }
 }
 

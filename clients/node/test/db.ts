@@ -1,9 +1,10 @@
-// node build/test/db.js setup|teardown: the suite's database and roles
-// (test.sh runs setup before the suite and teardown after it, whatever happened).
-import { dropDatabase, ensureDatabase } from './support';
+// node build/test/db.js setup|teardown: the suite's roles, and its databases
+// (test.sh runs setup before the suite and teardown after it, whatever
+// happened). Each test file creates its own database (support.ts, DB).
+import { dropDatabases, ensureRoles } from './support';
 
 const what = process.argv[2];
-const run = what === 'setup' ? async () => (await dropDatabase(), await ensureDatabase()) : what === 'teardown' ? dropDatabase : null;
+const run = what === 'setup' ? async () => (await dropDatabases(), await ensureRoles()) : what === 'teardown' ? dropDatabases : null;
 if (!run) {
   process.stderr.write('usage: node build/test/db.js setup|teardown\n');
   process.exit(2);

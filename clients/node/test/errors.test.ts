@@ -16,7 +16,7 @@ import {
   WaitTimeoutError,
   mapError,
 } from 'fenced-lock';
-import { DB, ROLE_APP, ROLE_NOEXEC, connect, dsn, dsnFor, ensureDatabase, resetRow, rowIds, skipBelow030, uniqueName } from './support';
+import { DB, ROLE_APP, ROLE_NOEXEC, connect, dsn, dsnFor, ensureDatabase, resetRow, rowIds, uniqueName } from './support';
 
 const nextRow = rowIds(300);
 let admin: pg.Client;
@@ -74,9 +74,7 @@ describe('each SQLSTATE maps to its error type', () => {
     }
   });
 
-  test('FL003 -> ModeConflictError (another permit count live on the name)', { timeout: 20_000 }, async (t) => {
-    const skip = await skipBelow030(admin);
-    if (skip) return t.skip(skip);
+  test('FL003 -> ModeConflictError (another permit count live on the name)', { timeout: 20_000 }, async () => {
     const name = uniqueName('mode');
     const lease = await locker.acquire(name, { ttl: 5000, permits: 3 });
     try {

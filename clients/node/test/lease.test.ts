@@ -5,7 +5,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import pg from 'pg';
 import { KEEPALIVE_APPLICATION_NAME, Locker, UsageError } from 'fenced-lock';
-import { DB, connect, dsn, ensureDatabase, keepalivePids, skipBelow030, sleep, spy, uniqueName, validate, waitFor } from './support';
+import { DB, connect, dsn, ensureDatabase, keepalivePids, sleep, spy, uniqueName, validate, waitFor } from './support';
 
 let admin: pg.Client;
 let locker: Locker;
@@ -192,9 +192,7 @@ describe('connection sources and pools', () => {
 });
 
 describe('0.3.0 modes', () => {
-  test('shared leases live together, each with its token; an exclusive one waits them out', { timeout: 20_000 }, async (t) => {
-    const skip = await skipBelow030(admin);
-    if (skip) return t.skip(skip);
+  test('shared leases live together, each with its token; an exclusive one waits them out', { timeout: 20_000 }, async () => {
     const name = uniqueName('shared');
     const a = await locker.acquire(name, { ttl: 5000, shared: true });
     const b = await locker.acquire(name, { ttl: 5000, shared: true });
@@ -211,9 +209,7 @@ describe('0.3.0 modes', () => {
     assert.equal(await x.release(), true);
   });
 
-  test('permits: up to N leases at once, the N+1th try gets null', { timeout: 20_000 }, async (t) => {
-    const skip = await skipBelow030(admin);
-    if (skip) return t.skip(skip);
+  test('permits: up to N leases at once, the N+1th try gets null', { timeout: 20_000 }, async () => {
     const name = uniqueName('permits');
     const leases = [];
     try {
@@ -223,5 +219,56 @@ describe('0.3.0 modes', () => {
     } finally {
       for (const l of leases) assert.equal(await l.release(), true);
     }
+  });
+
+  test('shared and permits through tryAcquire, acquire and withLock: kept alive past the ttl, each release ends its own', { timeout: 20_000 }, async () => {
+    const readers = uniqueName('readers');
+    const sem = uniqueName('sem');
+    const live = async (name: string): Promise<Map<bigint, string>> => {
+      const r = await admin.query(
+        "SELECT token, mode, coalesce(permits::text, '-') AS permits FROM fenced_lock_leases WHERE name = $1 AND live ORDER BY token",
+        [name],
+      );
+      return new Map(r.rows.map((x) => [BigInt(x.token), `${x.mode}/${x.permits}`]));
+    };
+    const r1 = await locker.tryAcquire(readers, { ttl: 1000, shared: true });
+    const r2 = await locker.acquire(readers, { ttl: 1000, shared: true, wait: 5000 });
+    const p1 = await locker.tryAcquire(sem, { ttl: 1000, permits: 2 });
+    const p2 = await locker.acquire(sem, { ttl: 1000, permits: 2, wait: 5000 });
+    assert.ok(r1 && p1);
+    const tokens = [r1.token, r2.token, p1.token, p2.token];
+    try {
+      await sleep(2500); // two and a half ttls: only renewals keep them
+      for (const l of [r1, r2, p1, p2]) assert.equal(l.lost, false, `${l.name} ${l.token} lost`);
+      assert.deepEqual(await live(readers), new Map([[r1.token, 'shared/-'], [r2.token, 'shared/-']]));
+      assert.deepEqual(await live(sem), new Map([[p1.token, 'permit/2'], [p2.token, 'permit/2']]));
+      // A third reader beside the two; no third permit beside two.
+      const third = await locker.withLock(readers, async (l) => [l.shared, l.token, (await live(readers)).size] as const, {
+        ttl: 1000,
+        shared: true,
+        wait: 5000,
+      });
+      assert.deepEqual([third[0], third[2]], [true, 3]);
+      tokens.push(third[1]);
+      assert.equal(await locker.tryAcquire(sem, { ttl: 1000, permits: 2 }), null);
+      assert.equal(await p2.release(), true);
+      assert.deepEqual([...(await live(sem)).keys()], [p1.token]);
+      const permit = await locker.withLock(sem, async (l) => [l.permits, [...(await live(sem)).keys()]] as const, {
+        ttl: 1000,
+        permits: 2,
+        wait: 5000,
+      });
+      assert.equal(permit[0], 2);
+      assert.equal(permit[1].length, 2);
+      tokens.push(permit[1].find((t) => t !== p1.token)!);
+    } finally {
+      for (const l of [r1, r2, p1]) assert.equal(await l.release(), true);
+    }
+    assert.equal((await live(readers)).size + (await live(sem)).size, 0);
+    const h = await admin.query('SELECT token, ended_by FROM fenced_lock_history WHERE name = ANY($1)', [[readers, sem]]);
+    assert.deepEqual(
+      new Map(h.rows.map((x) => [BigInt(x.token), x.ended_by])),
+      new Map(tokens.map((t) => [t, 'release'])),
+    );
   });
 });

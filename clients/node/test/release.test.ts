@@ -52,12 +52,13 @@ describe('no renew after a release', () => {
     const order: string[] = [];
     lease.on('renewed', () => order.push('renewed'));
     const leasePid = (lease.client as unknown as { processID: number }).processID;
-    // Another transaction asserts the lease: until it ends, a renew of the
-    // name waits on the server, and so stays in flight.
+    // Another transaction renews the lease and stays open: until it ends, the
+    // keepalive's renew waits on the server for the lease's lock, and so
+    // stays in flight.
     const blocker = await connect();
     try {
       await blocker.query('BEGIN');
-      await blocker.query('SELECT fenced_lock_assert($1, $2::bigint)', [name, lease.token.toString()]);
+      await blocker.query('SELECT fenced_lock_renew($1, $2::bigint)', [name, lease.token.toString()]);
       const renewing: number = await waitFor('a renew waiting on the server', 5000, async () => {
         const r = await admin.query(
           `SELECT pid FROM pg_stat_activity WHERE datname = $1 AND application_name = 'fenced_lock_keepalive'

@@ -1,15 +1,22 @@
-// What every test file of the suite shares: the database (fl_client_node,
-// created from FL_DSN), superuser checks from the server's side, the example
-// programs run as child processes, and bounded waits.
+// What every test file of the suite shares: the database (one per file,
+// fl_client_node_FILE, created from FL_DSN), superuser checks from the
+// server's side, the example programs run as child processes, and bounded
+// waits.
 import { ChildProcess, spawn } from 'node:child_process';
 import { once } from 'node:events';
 import path from 'node:path';
 import { createInterface } from 'node:readline';
 import pg from 'pg';
 import type { ClientBase } from 'pg';
-import type { ConnectionFactory } from 'fenced-lock';
+import type { ConnectionFactory, Lease, LeaseLostError } from 'fenced-lock';
 
-export const DB = 'fl_client_node';
+/**
+ * This test file's database, fl_client_node_FILE (FILE: the file's name
+ * without .test.js). node --test runs the files at once, each in a process
+ * of its own, and several tests count the keepalive connections of their
+ * database, which must all be their own file's.
+ */
+export const DB = `fl_client_node_${path.basename(process.argv[1] ?? 'db', '.js').replace(/\.test$/, '').replace(/[^A-Za-z0-9]/g, '_')}`;
 /** A role with no EXECUTE on the extension's functions. */
 export const ROLE_NOEXEC = 'fl_client_node_noexec';
 /** A role that may use the functions (and so hold leases of its own). */
@@ -48,14 +55,11 @@ export async function connect(connectionString = dsn()): Promise<pg.Client> {
  * one test file can also be run alone.
  */
 export async function ensureDatabase(): Promise<void> {
+  await ensureRoles();
   const root = await connect(adminDsn());
   try {
     const r = await root.query('SELECT 1 FROM pg_database WHERE datname = $1', [DB]);
     if (r.rowCount === 0) await root.query(`CREATE DATABASE ${DB}`);
-    for (const role of [ROLE_NOEXEC, ROLE_APP]) {
-      const x = await root.query('SELECT 1 FROM pg_roles WHERE rolname = $1', [role]);
-      if (x.rowCount === 0) await root.query(`CREATE ROLE ${role} LOGIN`);
-    }
   } finally {
     await root.end();
   }
@@ -84,27 +88,29 @@ export async function ensureDatabase(): Promise<void> {
   }
 }
 
-export async function dropDatabase(): Promise<void> {
+/** Drops every database of the suite (fl_client_node_*) and its roles. */
+export async function dropDatabases(): Promise<void> {
   const root = await connect(adminDsn());
   try {
-    await root.query(`DROP DATABASE IF EXISTS ${DB} WITH (FORCE)`);
+    const r = await root.query("SELECT datname FROM pg_database WHERE datname LIKE 'fl\\_client\\_node\\_%'");
+    for (const row of r.rows) await root.query(`DROP DATABASE IF EXISTS ${row.datname} WITH (FORCE)`);
     for (const role of [ROLE_NOEXEC, ROLE_APP]) await root.query(`DROP ROLE IF EXISTS ${role}`);
   } finally {
     await root.end();
   }
 }
 
-/** The installed extension's version, as [major, minor, patch]. */
-export async function extensionVersion(c: ClientBase): Promise<number[]> {
-  const r = await c.query("SELECT extversion FROM pg_extension WHERE extname = 'fenced_lock'");
-  return String(r.rows[0].extversion).split('.').map(Number);
-}
-
-/** Why a 0.3.0 test cannot run here, or false when it can. */
-export async function skipBelow030(c: ClientBase): Promise<string | false> {
-  const v = await extensionVersion(c);
-  const ok = v[0]! > 0 || (v[0] === 0 && v[1]! >= 3);
-  return ok ? false : `needs fenced_lock 0.3.0 (shared leases, permits, FL003); the server has ${v.join('.')}`;
+/** The roles the files share (cluster-wide): created once, before the files start. */
+export async function ensureRoles(): Promise<void> {
+  const root = await connect(adminDsn());
+  try {
+    for (const role of [ROLE_NOEXEC, ROLE_APP]) {
+      const x = await root.query('SELECT 1 FROM pg_roles WHERE rolname = $1', [role]);
+      if (x.rowCount === 0) await root.query(`CREATE ROLE ${role} LOGIN`);
+    }
+  } finally {
+    await root.end();
+  }
 }
 
 /**
@@ -130,6 +136,15 @@ export async function keepalivePids(c: ClientBase): Promise<number[]> {
     [DB],
   );
   return r.rows.map((x) => x.pid as number);
+}
+
+/** Records what a lease signals, with when. */
+export function watch(lease: Lease) {
+  const seen = { renewed: [] as number[], lost: [] as Array<{ at: number; reason: LeaseLostError }>, errors: [] as unknown[] };
+  lease.on('renewed', () => seen.renewed.push(performance.now()));
+  lease.on('lost', (reason) => seen.lost.push({ at: performance.now(), reason }));
+  lease.on('keepaliveError', (e) => seen.errors.push(e));
+  return seen;
 }
 
 export const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));

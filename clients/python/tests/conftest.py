@@ -6,6 +6,10 @@ created here with the extension, the guarded tables the tests and the
 examples write, and the roles some tests need; all of it is dropped at the
 end. Other client suites may run against the same server at the same time:
 everything cluster-wide (roles) is prefixed with fl_client_python_.
+
+Under pytest-xdist (test.sh runs the suite on several workers) each worker
+has a database and roles of its own, fl_client_python_gwN: several tests
+count the keepalive connections of their database, which must be theirs.
 """
 
 import json
@@ -23,9 +27,10 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-DB = "fl_client_python"
-ROLE_NOEXEC = "fl_client_python_noexec"
-ROLE_OTHER = "fl_client_python_other"
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ... under pytest-xdist
+DB = f"fl_client_python_{_WORKER}" if _WORKER else "fl_client_python"
+ROLE_NOEXEC = f"{DB}_noexec"
+ROLE_OTHER = f"{DB}_other"
 HERE = Path(__file__).resolve().parent
 CLIENT = HERE.parent
 RUN_EXAMPLE = CLIENT / "run-example"
@@ -98,30 +103,12 @@ def dsn():
             c.execute(f"DROP ROLE IF EXISTS {role}")
 
 
-@pytest.fixture(scope="session")
-def admin_conn(dsn):
-    with psycopg.connect(dsn, autocommit=True) as c:
-        yield c
-
-
 @pytest.fixture
 def admin(dsn):
     """A superuser connection of the suite's database, for the test's own
     checks (the history, pg_stat_activity, takeovers)."""
     with psycopg.connect(dsn, autocommit=True) as c:
         yield c
-
-
-@pytest.fixture(scope="session")
-def extversion(admin_conn):
-    return admin_conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'fenced_lock'").fetchone()[0]
-
-
-@pytest.fixture(autouse=True)
-def _needs_030(request, extversion):
-    if request.node.get_closest_marker("needs_030"):
-        if tuple(int(p) for p in extversion.split(".")[:2]) < (0, 3):
-            pytest.skip(f"needs fenced_lock 0.3.0 (shared leases, permits, FL003); the server has {extversion}")
 
 
 _names = iter(range(1, 1 << 30))

@@ -74,11 +74,15 @@ def conn(dsn):
         yield c
 
 
-@pytest.mark.parametrize("argument,value", LEASE_ARGUMENTS, ids=ids(LEASE_ARGUMENTS))
-@pytest.mark.parametrize("call", ["try_acquire", "acquire", "run"])
+# run takes every argument of the acquires but on_renewed.
+LEASE_CALLS = [(call, argument, value) for call in ("try_acquire", "acquire", "run")
+               for argument, value in LEASE_ARGUMENTS if (call, argument) != ("run", "on_renewed")]
+
+
+@pytest.mark.parametrize("call,argument,value", LEASE_CALLS,
+                         ids=[f"{call}-{i}" for call, i in zip((c[0] for c in LEASE_CALLS),
+                                                                ids([c[1:] for c in LEASE_CALLS]))])
 def test_bad_lease_argument_is_refused_before_anything_is_sent(call, argument, value, opened, conn):
-    if call == "run" and argument == "on_renewed":
-        pytest.skip("run takes no on_renewed")
     locker = Locker(opened)
     with traced(conn) as lines:
         for extra in ({}, {"conn": conn}):

@@ -180,3 +180,28 @@ def test_async_on_the_callers_connection(dsn, admin, name):
 
     run(go())
     assert [h["ended_by"] for h in history(admin, name)] == ["release"]
+
+
+def test_async_shared_and_permit_leases_are_kept_alive_and_released(dsn, admin, name):
+    readers, sem = f"{name}:readers", f"{name}:sem"
+
+    def live(lock):
+        return {r[0]: (r[1], r[2]) for r in admin.execute(
+            "SELECT token, mode, permits FROM fenced_lock_leases WHERE name = %s AND live", (lock,)).fetchall()}
+
+    async def go():
+        locker = AsyncLocker(dsn)
+        async with await locker.try_acquire(readers, ttl=1, shared=True) as r1, \
+                locker.acquire(readers, ttl=1, shared=True, wait=5) as r2, \
+                locker.acquire(sem, ttl=1, permits=2, wait=5) as p1:
+            await asyncio.sleep(2.5)  # past two ttls: only renewals keep them
+            assert not any(lease.lost.is_set() for lease in (r1, r2, p1))
+            assert live(readers) == {r1.token: ("shared", None), r2.token: ("shared", None)}
+            assert live(sem) == {p1.token: ("permit", 2)}
+            assert await locker.run(sem, lambda lease: asyncio.sleep(0, lease.permits), ttl=1, permits=2) == 2
+        return r1, r2, p1
+
+    leases = run(go())
+    assert live(readers) == {} and live(sem) == {}
+    ended = {h["token"]: h["ended_by"] for h in history(admin, readers) + history(admin, sem)}
+    assert [ended[lease.token] for lease in leases] == ["release"] * 3

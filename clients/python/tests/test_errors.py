@@ -114,7 +114,6 @@ def test_22023_judged_by_the_server_is_invalid_argument(dsn, kw):
     assert isinstance(e.value, ValueError)
 
 
-@pytest.mark.needs_030
 def test_fl003_another_permit_count_live_on_the_name_is_mode_conflict(dsn, name):
     locker = Locker(dsn)
     with locker.acquire(name, ttl=10, permits=2):

@@ -181,7 +181,6 @@ def test_session_bound_lease_ends_with_its_connection(dsn, admin, name):
     assert lease.release() is False
 
 
-@pytest.mark.needs_030
 def test_shared_leases_live_together_each_with_its_own_token(dsn, admin, name):
     locker = Locker(dsn)
     with locker.acquire(name, ttl=10, shared=True) as a, locker.acquire(name, ttl=10, shared=True) as b:
@@ -192,9 +191,43 @@ def test_shared_leases_live_together_each_with_its_own_token(dsn, admin, name):
         assert exclusive.token > max(a.token, b.token)
 
 
-@pytest.mark.needs_030
 def test_permits_give_a_counting_semaphore(dsn, admin, name):
     locker = Locker(dsn)
     with locker.acquire(name, ttl=10, permits=2) as a, locker.acquire(name, ttl=10, permits=2) as b:
         assert a.token != b.token and a.permits == 2
         assert locker.try_acquire(name, ttl=10, permits=2) is None
+
+
+def leases_of(admin, name):
+    """The server's live leases of `name`: {token: (mode, permits)}."""
+    return {r[0]: (r[1], r[2]) for r in admin.execute(
+        "SELECT token, mode, permits FROM fenced_lock_leases WHERE name = %s AND live", (name,)).fetchall()}
+
+
+def test_shared_and_permits_through_every_call_are_kept_alive_and_each_release_ends_its_own(dsn, admin, name):
+    """try_acquire, acquire and run all send shared and permits; the
+    keepalive renews such leases past their ttl (a renew is per token), and a
+    release ends that one lease, not the others of the name."""
+    locker = Locker(dsn)
+    readers, sem = f"{name}:readers", f"{name}:sem"
+    with locker.try_acquire(readers, ttl=1, shared=True) as r1, \
+            locker.acquire(readers, ttl=1, shared=True, wait=5) as r2, \
+            locker.try_acquire(sem, ttl=1, permits=2) as p1, \
+            locker.acquire(sem, ttl=1, permits=2, wait=5) as p2:
+        time.sleep(2.5)  # two and a half ttls: only renewals keep them
+        assert not any(lease.lost.is_set() for lease in (r1, r2, p1, p2))
+        assert leases_of(admin, readers) == {r1.token: ("shared", None), r2.token: ("shared", None)}
+        assert leases_of(admin, sem) == {p1.token: ("permit", 2), p2.token: ("permit", 2)}
+        # A third reader beside the two; no third permit beside two.
+        third = locker.run(readers, lambda lease: (lease.shared, lease.token, set(leases_of(admin, readers))),
+                           ttl=1, shared=True, wait=5)
+        assert third[0] is True and third[2] == {r1.token, r2.token, third[1]}
+        assert locker.try_acquire(sem, ttl=1, permits=2) is None
+        assert p2.release() is True
+        assert set(leases_of(admin, sem)) == {p1.token}
+        got = locker.run(sem, lambda lease: (lease.permits, set(leases_of(admin, sem)) - {p1.token}),
+                         ttl=1, permits=2, wait=5)
+        assert got[0] == 2 and len(got[1]) == 1
+    ended = {h["token"]: h["ended_by"] for h in history(admin, readers) + history(admin, sem)}
+    assert set(ended.values()) == {"release"} and len(ended) == 6
+    assert leases_of(admin, readers) == {} and leases_of(admin, sem) == {}

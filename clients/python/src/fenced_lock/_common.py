@@ -167,11 +167,13 @@ def retry_delay(interval: float) -> float:
 
 
 def lock_timeout_ms(interval: float) -> int:
-    """The keepalive connection's lock_timeout. A renew waits for the name
-    lock, which the holder's own open guarded transactions hold (shared): a
-    renew must not sit behind one for long, or the keepalive could not stop
-    (a release waits for the renew in flight) nor retry. It gives up after
-    this and tries again at once."""
+    """The keepalive renew's lock_timeout. A renew waits for any other change
+    of the same lease in a transaction still open: another renew, a
+    fenced_lock_proclaim, a release not yet committed (on a 0.2.0 server, any
+    guarded write of the holder's too). That transaction may be the holder's
+    own, whose release waits for the renew in flight: a renew must not sit
+    behind it for long, or the keepalive could neither stop nor retry. It
+    gives up after this and tries again at once."""
     return max(50, min(500, int(interval * 500)))
 
 

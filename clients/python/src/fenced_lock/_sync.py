@@ -216,8 +216,9 @@ class _Keepalive:
                 except Exception as e:
                     # Never stop on an error: retry (on a new connection if
                     # this one is broken) until a renew succeeds or the
-                    # deadline passes. A lock timeout means the holder's own
-                    # guarded transaction holds the name: try again at once.
+                    # deadline passes. A lock timeout means an open
+                    # transaction holds a change of this lease (see
+                    # lock_timeout_ms): try again at once.
                     blocked = isinstance(e, psycopg.errors.LockNotAvailable)
                     if not blocked:
                         log.warning("fenced_lock: renew of %r failed, retrying: %s", self.name, e)

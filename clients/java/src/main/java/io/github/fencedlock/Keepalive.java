@@ -59,8 +59,10 @@ final class Keepalive implements Runnable {
     this.retryNanos = Math.min(intervalNanos, MAX_RETRY_NANOS);
     // One attempt (a connect, a renew) may take an interval, and at least a second, before it is
     // given up and tried again on a new connection: a connection that silently stopped (a NAT or
-    // firewall dropping it) must not hold the renewals until the deadline. A renew waiting for the
-    // name lock behind a guarded write is not hurt: the next attempt waits in its place.
+    // firewall dropping it) must not hold the renewals until the deadline. A renew waiting on the
+    // lease's lock (another renew, a proclaim or a release of the lease in a transaction still
+    // open, the holder's own included) is not hurt: the next attempt waits in its place, and a
+    // release waits for the attempt in flight at most this long.
     this.attemptNanos = Math.max(intervalNanos, MAX_RETRY_NANOS);
     this.thread = new Thread(this, "fenced_lock keepalive " + lease.name());
     this.thread.setDaemon(true);

@@ -23,6 +23,10 @@ import java.util.function.Predicate;
  * stdout read as JSON lines, each stamped with the instant it arrived, its stderr kept in a file
  * for the failure message. {@code run-example} execs the JVM, so {@link #pid()} is the JVM's and
  * signals reach it. Every child is killed when its test ends ({@link #killAll()}).
+ *
+ * <p>Test classes run in parallel (junit-platform.properties), each test on one thread from its
+ * start to its {@code @AfterEach}: a child belongs to the thread that started it, and only its
+ * own test kills it.
  */
 final class Child {
   private static final List<Child> LIVE = new CopyOnWriteArrayList<>();
@@ -56,6 +60,7 @@ final class Child {
   }
 
   private final Process process;
+  private final Thread owner = Thread.currentThread();
   private final Path stderr;
   private final List<Event> events = Collections.synchronizedList(new ArrayList<>());
   private final List<String> badLines = new CopyOnWriteArrayList<>();
@@ -180,9 +185,15 @@ final class Child {
     }
   }
 
-  /** Kills every child still running (a stopped one too: SIGKILL needs no SIGCONT). */
+  /**
+   * Kills every child this thread's test started and that is still running (a stopped one too:
+   * SIGKILL needs no SIGCONT).
+   */
   static void killAll() {
     for (Child c : LIVE) {
+      if (c.owner != Thread.currentThread()) {
+        continue;
+      }
       if (c.process.isAlive()) {
         c.process.destroyForcibly();
         try {
@@ -196,7 +207,7 @@ final class Child {
       } catch (IOException ignored) {
         // A temp file; the OS cleans /tmp.
       }
+      LIVE.remove(c);
     }
-    LIVE.clear();
   }
 }

@@ -31,7 +31,6 @@ final class Db implements ExtensionContext.Store.CloseableResource {
 
   final String adminDsn;
   final String dsn;
-  final String version;
 
   private Db() throws SQLException {
     adminDsn = System.getenv("FL_DSN");
@@ -61,10 +60,6 @@ final class Db implements ExtensionContext.Store.CloseableResource {
         st.execute("GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO " + role);
         st.execute("GRANT SELECT, INSERT, UPDATE ON docs TO " + role);
       }
-      try (ResultSet rs = st.executeQuery("SELECT extversion FROM pg_extension WHERE extname = 'fenced_lock'")) {
-        rs.next();
-        version = rs.getString(1);
-      }
     }
   }
 
@@ -89,7 +84,10 @@ final class Db implements ExtensionContext.Store.CloseableResource {
   }
 
   @Override
-  public void close() throws SQLException {
+  public synchronized void close() throws SQLException {
+    if (checks != null) {
+      ConnectionSource.closeQuietly(checks);
+    }
     try (Connection c = connect(adminDsn); Statement st = c.createStatement()) {
       st.execute("DROP DATABASE IF EXISTS " + NAME + " WITH (FORCE)");
       for (String role : List.of(OWNER, OTHER, NOEXEC)) {
@@ -127,39 +125,51 @@ final class Db implements ExtensionContext.Store.CloseableResource {
 
   // ---- looking at the server ----
 
-  Object scalar(String sql, Object... args) throws SQLException {
-    try (Connection c = admin(); PreparedStatement ps = c.prepareStatement(sql)) {
-      for (int i = 0; i < args.length; i++) {
-        ps.setObject(i + 1, args[i]);
+  /**
+   * The connection the checks below share, opened once (and again if it broke): a connection per
+   * check, polled every 20 ms by {@link #await}, would cost the server a backend each time.
+   * Tests run in parallel, so the checks take turns on it.
+   */
+  private Connection checks;
+
+  private Connection checks() throws SQLException {
+    if (checks == null || checks.isClosed() || !checks.isValid(5)) {
+      if (checks != null) {
+        ConnectionSource.closeQuietly(checks);
       }
-      try (ResultSet rs = ps.executeQuery()) {
-        return rs.next() ? rs.getObject(1) : null;
-      }
+      checks = admin();
+    }
+    return checks;
+  }
+
+  synchronized Object scalar(String sql, Object... args) throws SQLException {
+    try (PreparedStatement ps = prepare(sql, args); ResultSet rs = ps.executeQuery()) {
+      return rs.next() ? rs.getObject(1) : null;
     }
   }
 
-  List<Object> column(String sql, Object... args) throws SQLException {
+  synchronized List<Object> column(String sql, Object... args) throws SQLException {
     List<Object> out = new ArrayList<>();
-    try (Connection c = admin(); PreparedStatement ps = c.prepareStatement(sql)) {
-      for (int i = 0; i < args.length; i++) {
-        ps.setObject(i + 1, args[i]);
-      }
-      try (ResultSet rs = ps.executeQuery()) {
-        while (rs.next()) {
-          out.add(rs.getObject(1));
-        }
+    try (PreparedStatement ps = prepare(sql, args); ResultSet rs = ps.executeQuery()) {
+      while (rs.next()) {
+        out.add(rs.getObject(1));
       }
     }
     return out;
   }
 
-  void exec(String sql, Object... args) throws SQLException {
-    try (Connection c = admin(); PreparedStatement ps = c.prepareStatement(sql)) {
-      for (int i = 0; i < args.length; i++) {
-        ps.setObject(i + 1, args[i]);
-      }
+  synchronized void exec(String sql, Object... args) throws SQLException {
+    try (PreparedStatement ps = prepare(sql, args)) {
       ps.execute();
     }
+  }
+
+  private PreparedStatement prepare(String sql, Object... args) throws SQLException {
+    PreparedStatement ps = checks().prepareStatement(sql);
+    for (int i = 0; i < args.length; i++) {
+      ps.setObject(i + 1, args[i]);
+    }
+    return ps;
   }
 
   boolean validate(String name, long token) throws SQLException {
@@ -186,19 +196,6 @@ final class Db implements ExtensionContext.Store.CloseableResource {
     for (String n : names) {
       scalar("SELECT fenced_lock_force_release(?)", n);
     }
-  }
-
-  boolean atLeast(String wanted) {
-    String[] a = version.split("\\.");
-    String[] b = wanted.split("\\.");
-    for (int i = 0; i < Math.max(a.length, b.length); i++) {
-      int x = i < a.length ? Integer.parseInt(a[i]) : 0;
-      int y = i < b.length ? Integer.parseInt(b[i]) : 0;
-      if (x != y) {
-        return x > y;
-      }
-    }
-    return true;
   }
 
   // ---- waiting, bounded ----

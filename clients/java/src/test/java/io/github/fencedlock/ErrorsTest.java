@@ -6,7 +6,6 @@ import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertSame;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
-import static org.junit.jupiter.api.Assumptions.assumeTrue;
 
 import java.sql.Connection;
 import java.sql.PreparedStatement;
@@ -75,7 +74,6 @@ class ErrorsTest {
 
   @Test
   void fl003ModeConflictIsAModeConflictException() throws Exception {
-    assumeTrue(db.atLeast("0.3.0"), "FL003 and permits need fenced_lock 0.3.0; the server has " + db.version);
     FencedLock locks = db.locker();
     try (Lease two = locks.tryAcquire("err:mode", AcquireOptions.defaults().permits(2))) {
       assertNotNull(two);

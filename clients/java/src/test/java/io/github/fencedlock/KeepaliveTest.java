@@ -19,9 +19,11 @@ import java.util.concurrent.atomic.AtomicLong;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.extension.ExtendWith;
+import org.junit.jupiter.api.parallel.Isolated;
 
 /** The keepalive: renewals, reconnects, the lost signal, and nothing sent after a release. */
 @ExtendWith(Db.Extension.class)
+@Isolated("counts the database's keepalive connections, which must all be its own")
 class KeepaliveTest {
   private final Db db = Db.get();
   private final List<Lease> leases = new ArrayList<>();
@@ -31,7 +33,7 @@ class KeepaliveTest {
     for (Lease l : leases) {
       l.abandon();
     }
-    db.forceRelease("ka:section", "ka:control", "ka:reconnect", "ka:session", "ka:release", "docs:6");
+    db.forceRelease("ka:section", "ka:control", "ka:reconnect", "ka:session", "ka:release", "ka:inflight", "docs:7", "docs:8");
   }
 
   private Lease keep(Lease l) {
@@ -183,6 +185,76 @@ class KeepaliveTest {
   }
 
   @Test
+  void aGuardedTransactionOpenForThreeTtlsKeepsItsLeaseAndItsCommitIsAccepted() throws Exception {
+    // A renew takes the lease's lock in a mode the guard's does not conflict with: the keepalive
+    // renews all through the holder's open guarded transaction.
+    AtomicInteger renewals = new AtomicInteger();
+    Lease lease = keep(db.locker().acquire("docs:7",
+        AcquireOptions.defaults().ttl(Duration.ofSeconds(1)).onRenewed(l -> renewals.incrementAndGet())));
+    Connection c = lease.connection();
+    c.setAutoCommit(false);
+    try (PreparedStatement ps = c.prepareStatement("INSERT INTO docs (id, body, fence_token) VALUES (7, ?, ?) "
+        + "ON CONFLICT (id) DO UPDATE SET body = excluded.body, fence_token = excluded.fence_token")) {
+      ps.setString(1, "opened");
+      ps.setLong(2, lease.token());
+      ps.executeUpdate();
+      int atOpen = renewals.get();
+      Db.sleep(3000); // three ttls with the transaction open
+      ps.setString(1, "three ttls later");
+      ps.executeUpdate();
+      int during = renewals.get() - atOpen;
+      assertTrue(db.validate("docs:7", lease.token()), "the lease expired under its open transaction");
+      c.commit();
+      System.out.printf("keepalive: %d renewals during a guarded transaction of 3 s at ttl 1 s%n", during);
+      assertTrue(during >= 3, "renewals while the transaction was open: " + during);
+    }
+    c.setAutoCommit(true);
+    assertFalse(lease.isLost());
+    assertTrue(lease.release());
+    assertEquals("three ttls later", db.scalar("SELECT body FROM docs WHERE id = 7"));
+    assertEquals(lease.token(), ((Number) db.scalar("SELECT fence_token FROM docs WHERE id = 7")).longValue());
+    assertEquals("release", db.endedBy(lease.token()));
+  }
+
+  @Test
+  void aRenewHeldUpByTheHoldersOwnTransactionHoldsUpItsReleaseOnlyUntilTheAttemptIsGivenUp() throws Exception {
+    // What a renew does wait for is another change of the same lease in an open transaction, here
+    // the holder's own: a leader proclaims, writes, releases, then commits. The release waits for
+    // the renew in flight, which waits for this very transaction until the attempt is given up
+    // (max(interval, 1 s)): then the release goes out, long before the deadline.
+    FencedLock locks = FencedLock.builder(db.dsn).keepaliveInterval(Duration.ofMillis(200)).build();
+    List<Object> before = db.keepalivePids();
+    Lease lease = keep(locks.acquire("docs:8", AcquireOptions.defaults().ttl(Duration.ofSeconds(20))));
+    int keepalivePid = newKeepalivePid(before);
+    Connection c = lease.connection();
+    c.setAutoCommit(false);
+    try (PreparedStatement proclaim = c.prepareStatement("SELECT fenced_lock_proclaim(?, ?, 'leader at 10.0.0.7')");
+        PreparedStatement write = c.prepareStatement("INSERT INTO docs (id, body, fence_token) VALUES (8, 'led', ?)")) {
+      proclaim.setString(1, "docs:8");
+      proclaim.setLong(2, lease.token());
+      try (ResultSet rs = proclaim.executeQuery()) {
+        rs.next();
+        assertTrue(rs.getBoolean(1));
+      }
+      write.setLong(1, lease.token());
+      write.executeUpdate();
+    }
+    Db.await("the keepalive's renew waiting on the lease's lock", Duration.ofSeconds(5), () -> "Lock".equals(
+        db.scalar("SELECT wait_event_type FROM pg_stat_activity WHERE pid = ?", keepalivePid)));
+    long called = System.nanoTime();
+    assertTrue(lease.release());
+    double took = (System.nanoTime() - called) / 1e9;
+    c.commit();
+    c.setAutoCommit(true);
+    System.out.printf("keepalive: release took %.2f s with a renew held up behind its own transaction%n", took);
+    assertTrue(took < 3.0, "release took " + took + " s");
+    assertFalse(lease.isLost());
+    assertEquals("release", db.endedBy(lease.token()));
+    assertEquals(lease.token(), ((Number) db.scalar("SELECT fence_token FROM docs WHERE id = 8")).longValue());
+    assertEquals(0L, ((Number) db.scalar("SELECT count(*) FROM fenced_lock_leader('docs:8')")).longValue());
+  }
+
+  @Test
   void aRenewInFlightAtReleaseIsAnsweredBeforeTheReleaseIsSent() throws Exception {
     // A renew attempt may wait an interval (here 2 s) before it is given up for a new one: the
     // test holds it up for less.
@@ -192,7 +264,7 @@ class KeepaliveTest {
     // The caller's connection, so that its backend, and its last query, are still there to see
     // after the release.
     Connection own = db.admin();
-    Lease lease = keep(locks.acquire("docs:6", AcquireOptions.defaults().ttl(Duration.ofSeconds(8))
+    Lease lease = keep(locks.acquire("ka:inflight", AcquireOptions.defaults().ttl(Duration.ofSeconds(8))
         .connection(own).onRenewed(l -> renewals.incrementAndGet())));
     int keepalivePid = newKeepalivePid(before);
     int leasePid;
@@ -202,16 +274,18 @@ class KeepaliveTest {
     }
 
     try (Connection blocker = db.admin()) {
-      // A guarded write in flight holds the name lock shared until it commits; a renew waits
-      // for it (the guard's ordering), so the next renew stays in flight as long as we like.
+      // A renew of the lease in another open transaction holds the lease's lock until it ends;
+      // the keepalive's next renew waits for it, and so stays in flight as long as we like.
       blocker.setAutoCommit(false);
-      try (PreparedStatement ps = blocker.prepareStatement(
-          "INSERT INTO docs (id, body, fence_token) VALUES (6, 'inflight', ?) "
-              + "ON CONFLICT (id) DO UPDATE SET body = excluded.body, fence_token = excluded.fence_token")) {
-        ps.setLong(1, lease.token());
-        ps.executeUpdate();
+      try (PreparedStatement ps = blocker.prepareStatement("SELECT fenced_lock_renew(?, ?)")) {
+        ps.setString(1, "ka:inflight");
+        ps.setLong(2, lease.token());
+        try (ResultSet rs = ps.executeQuery()) {
+          rs.next();
+          assertTrue(rs.getBoolean(1));
+        }
       }
-      Db.await("the keepalive's renew waiting on the name lock", Duration.ofSeconds(5), () -> "Lock".equals(
+      Db.await("the keepalive's renew waiting on the lease's lock", Duration.ofSeconds(5), () -> "Lock".equals(
           db.scalar("SELECT wait_event_type FROM pg_stat_activity WHERE pid = ?", keepalivePid)));
       int renewalsBefore = renewals.get();
 
@@ -239,6 +313,5 @@ class KeepaliveTest {
         .contains("fenced_lock_release"), "the release was not the lease connection's last statement");
     own.close();
     assertEquals("release", db.endedBy(lease.token()));
-    assertEquals(lease.token(), ((Number) db.scalar("SELECT fence_token FROM docs WHERE id = 6")).longValue());
   }
 }

@@ -7,7 +7,6 @@ import static org.junit.jupiter.api.Assertions.assertNotNull;
 import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
-import static org.junit.jupiter.api.Assumptions.assumeTrue;
 
 import java.sql.Connection;
 import java.sql.PreparedStatement;
@@ -32,7 +31,7 @@ class LeaseTest {
   void cleanUp() throws Exception {
     db.forceRelease("lease:carry", "lease:busy", "lease:twice", "docs:40", "docs:41", "lease:gone", "lease:scoped",
         "lease:lostscope", "lease:waited", "lease:sql", "lease:shared", "lease:permits", "lease:tx", "lease:pool",
-        "lease:listeners", "lease:renew");
+        "lease:listeners", "lease:renew", "lease:readers", "lease:sem");
   }
 
   private static int backendPid(Connection c) throws SQLException {
@@ -223,7 +222,6 @@ class LeaseTest {
 
   @Test
   void sharedLeasesLiveTogetherAndExcludeAnExclusiveOne() throws Exception {
-    assumeTrue(db.atLeast("0.3.0"), "shared leases need fenced_lock 0.3.0; the server has " + db.version);
     FencedLock locks = db.locker();
     try (Lease a = locks.tryAcquire("lease:shared", AcquireOptions.defaults().shared(true));
         Lease b = locks.tryAcquire("lease:shared", AcquireOptions.defaults().shared(true))) {
@@ -238,7 +236,6 @@ class LeaseTest {
 
   @Test
   void permitsLetThatManyLeasesLiveAtOnce() throws Exception {
-    assumeTrue(db.atLeast("0.3.0"), "permits need fenced_lock 0.3.0; the server has " + db.version);
     FencedLock locks = db.locker();
     AcquireOptions two = AcquireOptions.defaults().permits(2);
     try (Lease a = locks.tryAcquire("lease:permits", two); Lease b = locks.tryAcquire("lease:permits", two)) {
@@ -247,6 +244,59 @@ class LeaseTest {
       assertNull(locks.tryAcquire("lease:permits", two));
       assertEquals(2, b.permits());
       assertEquals("permit", db.scalar("SELECT mode FROM fenced_lock_leases WHERE token = ?", b.token()));
+    }
+  }
+
+  /** The server's live leases of {@code name}: token to "mode/permits". */
+  private java.util.Map<Long, String> liveLeases(String name) throws SQLException {
+    java.util.Map<Long, String> out = new java.util.TreeMap<>();
+    for (Object row : db.column("SELECT token || ' ' || mode || '/' || coalesce(permits::text, '-') "
+        + "FROM fenced_lock_leases WHERE name = ? AND live", name)) {
+      String[] parts = ((String) row).split(" ");
+      out.put(Long.parseLong(parts[0]), parts[1]);
+    }
+    return out;
+  }
+
+  @Test
+  void sharedAndPermitsThroughEveryCallAreKeptAliveAndEachReleaseEndsItsOwn() throws Exception {
+    // tryAcquire, acquire and run all send shared and permits; the keepalive renews such leases
+    // past their ttl (a renew is per token), and a release ends that one lease only.
+    FencedLock locks = db.locker();
+    AcquireOptions shared = AcquireOptions.defaults().ttl(Duration.ofSeconds(1)).shared(true);
+    AcquireOptions two = AcquireOptions.defaults().ttl(Duration.ofSeconds(1)).permits(2);
+    Duration wait = Duration.ofSeconds(5);
+    List<Long> tokens = new java.util.ArrayList<>();
+    try (Lease r1 = locks.tryAcquire("lease:readers", shared);
+        Lease r2 = locks.acquire("lease:readers", shared.maxWait(wait));
+        Lease p1 = locks.tryAcquire("lease:sem", two); Lease p2 = locks.acquire("lease:sem", two.maxWait(wait))) {
+      List.of(r1, r2, p1, p2).forEach(l -> tokens.add(l.token()));
+      Db.sleep(2500); // two and a half ttls: only renewals keep them
+      for (Lease l : List.of(r1, r2, p1, p2)) {
+        assertFalse(l.isLost(), "lost: " + l.name() + " " + l.token());
+      }
+      assertEquals(java.util.Map.of(r1.token(), "shared/-", r2.token(), "shared/-"), liveLeases("lease:readers"));
+      assertEquals(java.util.Map.of(p1.token(), "permit/2", p2.token(), "permit/2"), liveLeases("lease:sem"));
+      // A third reader beside the two; no third permit beside two.
+      long third = locks.run("lease:readers", shared.maxWait(wait), l -> {
+        assertEquals(3, liveLeases("lease:readers").size());
+        return l.token();
+      });
+      tokens.add(third);
+      assertNull(locks.tryAcquire("lease:sem", two));
+      assertTrue(p2.release());
+      assertEquals(java.util.Set.of(p1.token()), liveLeases("lease:sem").keySet());
+      long permit = locks.run("lease:sem", two.maxWait(wait), l -> {
+        assertEquals(2, l.permits());
+        assertEquals(java.util.Set.of(p1.token(), l.token()), liveLeases("lease:sem").keySet());
+        return l.token();
+      });
+      tokens.add(permit);
+    }
+    assertEquals(java.util.Map.of(), liveLeases("lease:readers"));
+    assertEquals(java.util.Map.of(), liveLeases("lease:sem"));
+    for (long t : tokens) {
+      assertEquals("release", db.endedBy(t), "token " + t);
     }
   }
 

@@ -13,12 +13,14 @@ import java.util.concurrent.atomic.AtomicInteger;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.extension.ExtendWith;
+import org.junit.jupiter.api.parallel.Isolated;
 
 /**
  * A locker over a real client-side pool (HikariCP): the lease keeps one connection of the pool
  * for its life, the keepalive takes another, so a pool needs two per lease held at once.
  */
 @ExtendWith(Db.Extension.class)
+@Isolated("counts the database's keepalive connections, which must all be its own")
 class PoolTest {
   private final Db db = Db.get();
   private HikariDataSource pool;
