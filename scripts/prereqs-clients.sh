@@ -6,7 +6,7 @@
 set -euo pipefail
 packages=(default-jdk-headless libpostgresql-jdbc-java junit5 libhikaricp-java
           golang-go golang-github-jackc-pgx-v4-dev
-          python3-psycopg python3-psycopg-pool python3-build python3-setuptools python3-wheel python3-pytest
+          python3-psycopg python3-psycopg-pool python3-build python3-setuptools python3-wheel python3-pytest python3-pytest-xdist
           nftables util-linux)
 missing=()
 for p in "${packages[@]}"; do
