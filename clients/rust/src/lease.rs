@@ -206,7 +206,7 @@ impl Lease {
             self.core.signal_lost();
             return Ok(false);
         }
-        match renew_on(&self.core, &self.source.prefix, &self.conn).await? {
+        match renew_on(&self.core, &self.source.prefix, &self.conn, None).await? {
             Some(sent) => {
                 self.core.renewed(sent);
                 Ok(true)
