@@ -126,6 +126,7 @@ fn main() -> ExitCode {
         release::dropping_a_live_lease_releases_it_in_the_background: 20,
         release::leaving_the_scope_by_a_panic_releases_the_lease: 20,
         acquire::an_acquire_that_waited_longer_than_its_ttl_is_not_lost_when_granted: 30,
+        acquire::a_waiting_acquire_whose_wait_takes_most_of_the_ttl_is_renewed_before_it_returns_and_its_deadline_counts_from_that_renew: 30,
         acquire::try_acquire_returns_none_while_the_lock_is_held_and_the_given_connection_stays_usable: 20,
         acquire::an_acquire_on_a_connection_inside_a_transaction_is_refused_and_sends_nothing: 20,
         acquire::keepalive_off_the_lease_is_lost_at_its_deadline_and_a_manual_renew_moves_it: 20,
