@@ -7,7 +7,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use tokio::sync::OwnedSemaphorePermit;
-use tokio_postgres::types::Type;
+use tokio_postgres::types::{ToSql, Type};
 
 use crate::connection::Connection;
 use crate::error::Error;
@@ -17,6 +17,20 @@ use crate::status::{LeaseCore, LIVE, RELEASING};
 /// The longest pause between two tries of a renew that failed for a
 /// connection error.
 const RETRY_CAP: Duration = Duration::from_secs(1);
+
+/// The shortest time a renew waits on the server before it is given up.
+const HELD_UP_FLOOR: Duration = Duration::from_millis(50);
+
+/// How long a renew may wait on the server for another open change of the
+/// same lease (another session's renew, a `fenced_lock_proclaim`, a release
+/// not yet committed, the holder's own transaction included) before it is
+/// given up and tried again: `min(interval, 1 s)`, at least 50 ms. A
+/// release waits for the renew in flight, so this is also the longest a
+/// release waits for the keepalive, even one in the very transaction that
+/// holds the renew up.
+pub(crate) fn held_up_bound(interval: Duration) -> Duration {
+    interval.min(RETRY_CAP).max(HELD_UP_FLOOR)
+}
 
 /// The thread the keepalives run on, with a small runtime of its own (one
 /// per process, started with the first lease): a busy or blocked
@@ -50,19 +64,39 @@ where
     background().spawn(f)
 }
 
-/// One renew on `conn`: `Some(sent)` if the lease is still live.
+/// One renew on `conn`: `Some(sent)` if the lease is still live. With
+/// `held_up`, the renew gives up waiting on the server for another open
+/// change of the lease after that long (`lock_timeout`, set for its own
+/// statement only, so that nothing is left in the session: behind a
+/// transaction pooler it is shared) and fails with `55P03`.
 pub(crate) async fn renew_on(
     core: &LeaseCore,
     prefix: &str,
     conn: &Connection,
+    held_up: Option<Duration>,
 ) -> Result<Option<Instant>, Error> {
-    let sql = format!("SELECT {prefix}fenced_lock_renew($1, $2, $3::float8 * interval '1 microsecond')");
+    let renew = format!("{prefix}fenced_lock_renew($1, $2, $3::float8 * interval '1 microsecond')");
     let ttl = core.ttl.as_micros() as i64;
+    let timeout = held_up.map(|b| format!("{}ms", b.as_millis().max(1)));
+    let mut params: Vec<(&(dyn ToSql + Sync), Type)> =
+        vec![(&core.name, Type::TEXT), (&core.token, Type::INT8), (&ttl, Type::INT8)];
+    let sql = match &timeout {
+        None => format!("SELECT {renew}"),
+        Some(t) => {
+            params.push((t, Type::TEXT));
+            // The subquery (kept apart by OFFSET 0) sets the timeout before
+            // the renew can wait for the lease's lock.
+            format!("SELECT {renew} FROM (SELECT set_config('lock_timeout', $4, true) OFFSET 0) AS held_up")
+        }
+    };
     let sent = Instant::now();
-    let row = conn
-        .query_typed_one(&sql, &[(&core.name, Type::TEXT), (&core.token, Type::INT8), (&ttl, Type::INT8)])
-        .await?;
+    let row = conn.query_typed_one(&sql, &params).await?;
     Ok(if row.try_get::<_, bool>(0)? { Some(sent) } else { None })
+}
+
+/// A renew that was given up after waiting [`held_up_bound`] on the server.
+fn held_up(e: &Error) -> bool {
+    e.sqlstate() == Some(crate::error::sqlstate::WAIT_TIMEOUT)
 }
 
 /// The keepalive of one lease, on the keepalive thread, until the lease is
@@ -126,8 +160,11 @@ pub(crate) async fn run(
             break;
         }
         // Not interrupted by a release (which waits for it), only by the
-        // deadline.
-        let renew = renew_on(&core, &source.prefix, conn.as_ref().expect("connected"));
+        // deadline; held up on the server, it gives itself up after
+        // `held_up_bound`.
+        let bound = held_up_bound(core.interval);
+        let attempt = Instant::now();
+        let renew = renew_on(&core, &source.prefix, conn.as_ref().expect("connected"), Some(bound));
         let result = tokio::time::timeout_at(core.deadline().into(), renew).await;
         drop(one);
         match result {
@@ -148,6 +185,19 @@ pub(crate) async fn run(
             Ok(Ok(None)) => {
                 core.signal_lost();
                 break;
+            }
+            // Held up on the server by another open change of the lease (the
+            // holder's own transaction, maybe, whose release is waiting for
+            // this renew): given up, and tried again on the same connection,
+            // which is fine, until it succeeds or the deadline passes.
+            Ok(Err(e)) if held_up(&e) => {
+                core.publish(|s| {
+                    s.keepalive_error = Some(format!(
+                        "renew held up on the server by another open change of the lease, given up after \
+                         {bound:?} and retried: {e}"
+                    ))
+                });
+                next = attempt + core.interval.min(RETRY_CAP);
             }
             // Retried on a new connection until it succeeds or the deadline
             // passes: renewals never stop because of one connection error.

@@ -24,10 +24,12 @@ pub(crate) struct Grant {
     /// The lease's connection.
     pub(crate) conn: Connection,
     pub(crate) token: i64,
-    /// The instant the client's deadline counts from.
-    pub(crate) base: Instant,
-    /// The lease was still live when the grant statement ended.
-    pub(crate) live: bool,
+    /// When the acquire was sent: the client's deadline counts from there
+    /// (the grant came at some instant of the call the client cannot know).
+    pub(crate) sent: Instant,
+    /// The acquire waited in line for an interval or more: renew once
+    /// before the lease is handed over.
+    pub(crate) confirm: bool,
     /// The pool slot of its keepalive connection, if it has one.
     pub(crate) reserved: Option<OwnedSemaphorePermit>,
 }
@@ -71,16 +73,12 @@ impl fmt::Debug for Lease {
 }
 
 impl Lease {
-    /// The lease `grant` gave for `r`, with its keepalive (or, with
-    /// keepalive off, its deadline watch) started, renewing every
-    /// `interval`.
-    pub(crate) fn start(source: Arc<Source>, r: Request, interval: Duration, grant: Grant) -> Lease {
-        let core = Arc::new(LeaseCore::new(r.name, grant.token, r.ttl, interval, r.keepalive, grant.base));
-        if !grant.live {
-            core.signal_lost();
-        }
-        let task = keepalive::spawn(keepalive::run(core.clone(), source.clone(), grant.reserved));
-        Lease {
+    /// The lease `grant` gave for `r`, renewed once first after a long wait
+    /// in line, with its keepalive (or, with keepalive off, its deadline
+    /// watch) started, renewing every `interval`.
+    pub(crate) async fn start(source: Arc<Source>, r: Request, interval: Duration, grant: Grant) -> Lease {
+        let core = Arc::new(LeaseCore::new(r.name, grant.token, r.ttl, interval, r.keepalive, grant.sent));
+        let lease = Lease {
             core,
             conn: grant.conn,
             source,
@@ -88,7 +86,33 @@ impl Lease {
             session_bound: r.session_bound,
             shared: r.shared,
             permits: r.permits,
-            task: Mutex::new(Some(task)),
+            task: Mutex::new(None),
+        };
+        // The lease exists before this renew: if the acquire's future is
+        // dropped during it, the lease is dropped too, and releases itself.
+        if grant.confirm {
+            lease.confirm().await;
+        }
+        let task = keepalive::spawn(keepalive::run(lease.core.clone(), lease.source.clone(), grant.reserved));
+        *lease.task.lock().unwrap() = Some(task);
+        lease
+    }
+
+    /// After a long wait in line the deadline, counted from the acquire's
+    /// send, leaves little of the ttl, maybe none: one renew, on the lease's
+    /// connection, before the lease is handed over, and the deadline counts
+    /// from its send. If it fails, the deadline stays, and the keepalive
+    /// (its first renew due already) or the deadline decides.
+    async fn confirm(&self) {
+        let bound = keepalive::held_up_bound(self.core.interval);
+        match renew_on(&self.core, &self.source.prefix, &self.conn, Some(bound)).await {
+            Ok(Some(sent)) => self.core.renewed(sent),
+            Ok(None) => {
+                self.core.signal_lost();
+            }
+            Err(e) => self.core.publish(|s| {
+                s.keepalive_error = Some(format!("the renew after the wait in line failed: {e}"))
+            }),
         }
     }
 
@@ -206,7 +230,7 @@ impl Lease {
             self.core.signal_lost();
             return Ok(false);
         }
-        match renew_on(&self.core, &self.source.prefix, &self.conn).await? {
+        match renew_on(&self.core, &self.source.prefix, &self.conn, None).await? {
             Some(sent) => {
                 self.core.renewed(sent);
                 Ok(true)

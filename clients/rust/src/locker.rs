@@ -404,28 +404,18 @@ pub(crate) async fn acquire(locker: &Locker, r: Request, waiting: bool) -> Resul
         args.push(format!("permits => ${}", params.len()));
     }
     let args = args.join(", ");
-    let sql = if waiting {
-        // The grant may come at any time during the wait. The renew in the
-        // same statement, after the server has measured how long the
-        // statement has run, starts the client's deadline from there: at
-        // least `sent + waited` on the client's clock, never after the
-        // server's expiry.
-        format!(
-            "SELECT s.t, (extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000000)::int8, \
-             {p}fenced_lock_renew($1, s.t, $2::float8 * interval '1 microsecond') \
-             FROM (SELECT {p}fenced_lock_acquire({args}) AS t OFFSET 0) s"
-        )
-    } else {
-        format!("SELECT {p}fenced_lock_try_acquire({args}), 0::int8, true")
-    };
+    let function = if waiting { "fenced_lock_acquire" } else { "fenced_lock_try_acquire" };
+    let sql = format!("SELECT {p}{function}({args})");
     let sent = Instant::now();
     let row = conn.query_typed_one(&sql, &params).await?;
     let token: Option<i64> = row.try_get(0)?;
     let Some(token) = token else { return Ok(None) };
-    let waited: i64 = row.try_get(1)?;
-    let live: bool = row.try_get(2)?;
-    let base = sent + Duration::from_micros(waited.max(0) as u64);
     let interval = locker.inner.keepalive_interval.unwrap_or(r.ttl / 3);
-    let grant = Grant { conn, token, base, live, reserved };
-    Ok(Some(Lease::start(source.clone(), r, interval, grant)))
+    // The deadline counts from the send, never from the answer nor from a
+    // grant instant the server's clocks would suggest. A wait in line of an
+    // interval or more would hand over a lease whose first renew is already
+    // due, or whose deadline is near or past: it is renewed once first.
+    let confirm = waiting && sent.elapsed() >= interval;
+    let grant = Grant { conn, token, sent, confirm, reserved };
+    Ok(Some(Lease::start(source.clone(), r, interval, grant).await))
 }

@@ -106,9 +106,9 @@ impl Source {
 /// user timeout of one renew interval (at least a second), so that a renew
 /// sent into a network cut fails with a connection error after that long,
 /// instead of waiting on a dead connection until the deadline, and is
-/// retried on a new connection. A server that is only slow (a renew waiting
-/// for the lease's lock while another session's renew of it commits) still
-/// acknowledges the bytes, and is waited for.
+/// retried on a new connection. A renew waiting on the server for the
+/// lease's lock is not cut by it (the server acknowledges the bytes): its own
+/// `lock_timeout` gives it up (see `keepalive::held_up_bound`).
 fn keepalive_config(base: &Config, interval: Duration) -> Config {
     let mut c = base.clone();
     c.application_name(KEEPALIVE_APPLICATION_NAME);

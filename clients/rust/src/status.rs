@@ -35,11 +35,11 @@ pub enum LeaseState {
 pub struct LeaseStatus {
     /// Live, released, lost or abandoned.
     pub state: LeaseState,
-    /// Successful renews so far (the keepalive's and
-    /// [`crate::Lease::renew`]'s).
+    /// Successful renews so far (the keepalive's, [`crate::Lease::renew`]'s,
+    /// and the one an acquire sends after a long wait in line).
     pub renewals: u64,
-    /// The client's deadline: when the last successful renew (or the grant)
-    /// was sent, plus the ttl, on this process' monotonic clock. Never later
+    /// The client's deadline: when the last successful renew (or the
+    /// acquire) was sent, plus the ttl, on this process' monotonic clock. Never later
     /// than the server's expiry.
     pub deadline: Instant,
     /// The keepalive's last failure, cleared by its next success.
@@ -59,7 +59,8 @@ pub(crate) struct LeaseCore {
     /// more and ends.
     pub(crate) stop: CancellationToken,
     pub(crate) status: watch::Sender<LeaseStatus>,
-    /// The instant the deadline counts from (grant or last renew sent).
+    /// The instant the deadline counts from (the acquire's or the last
+    /// successful renew's send).
     base: Mutex<Instant>,
     pub(crate) deadline_moved: Notify,
     /// One renew at a time: the keepalive's or the caller's.
@@ -99,7 +100,7 @@ impl LeaseCore {
         }
     }
 
-    /// When the grant or the last successful renew was sent.
+    /// When the acquire or the last successful renew was sent.
     pub(crate) fn base(&self) -> Instant {
         *self.base.lock().unwrap()
     }

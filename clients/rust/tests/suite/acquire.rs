@@ -23,6 +23,64 @@ pub async fn an_acquire_that_waited_longer_than_its_ttl_is_not_lost_when_granted
     assert!(second.release().await.unwrap());
 }
 
+pub async fn a_waiting_acquire_whose_wait_takes_most_of_the_ttl_is_renewed_before_it_returns_and_its_deadline_counts_from_that_renew(
+    ctx: Arc<Ctx>,
+) {
+    let admin = ctx.admin().await;
+    let name = unique("longwait");
+    let locker = ctx.locker();
+    let ttl = secs(2);
+    // How far the server's expiry is past the grant's: none for a lease
+    // granted at once (the control), the renew's delay after a renew.
+    let past_grant = async |token: i64| -> (bool, String) {
+        let r = admin
+            .query_one(
+                "SELECT expires_at > acquired_at + $2::text::interval, \
+                        (expires_at - acquired_at - $2::text::interval)::text \
+                 FROM fenced_lock_leases WHERE token = $1",
+                &[&token, &"2 seconds"],
+            )
+            .await
+            .unwrap();
+        (r.get(0), r.get(1))
+    };
+    let first = locker.acquire(&name).ttl(ttl).await.unwrap();
+    assert!(!past_grant(first.token()).await.0, "the control: a lease granted at once is not renewed");
+    let releaser = tokio::spawn(async move {
+        tokio::time::sleep(ms(1600)).await;
+        assert!(first.release().await.unwrap());
+    });
+    let t0 = Instant::now();
+    let lease = locker.acquire(&name).ttl(ttl).await.unwrap();
+    let returned = Instant::now();
+    let status = lease.status();
+    // Before the keepalive's first renew, an interval (667 ms) after the
+    // confirming one.
+    let (moved, by) = past_grant(lease.token()).await;
+    let (last, _) = last_statement(&admin, lease.connection().backend_pid().unwrap()).await;
+    releaser.await.unwrap();
+    let waited = returned - t0;
+    println!(
+        "    waited {:.0} ms on a 2 s ttl; expires_at {by} past the grant's; deadline {:.0} ms after the return",
+        waited.as_secs_f64() * 1000.0,
+        status.deadline.saturating_duration_since(returned).as_secs_f64() * 1000.0
+    );
+    assert!(waited >= ms(1400), "did not wait ({waited:?})");
+    assert_eq!(status.state, LeaseState::Live, "{status:?}");
+    assert_eq!(status.renewals, 1, "no renew before the acquire returned: {status:?}");
+    assert!(last.contains("fenced_lock_renew"), "the last statement on the lease's connection: {last}");
+    assert!(moved, "the server's expiry did not move past the grant's ({by})");
+    // Counted from that renew's send: past what the acquire's send gives
+    // (t0 + ttl), never past what the return would.
+    assert!(status.deadline > t0 + ttl + ms(1000), "deadline not moved by the renew: {status:?}");
+    assert!(status.deadline <= returned + ttl);
+    // Not lost after the acquire's own deadline would have passed.
+    tokio::time::sleep_until((t0 + ttl + ms(400)).into()).await;
+    assert!(!lease.is_lost(), "lost right after the long wait: {:?}", lease.status());
+    assert!(live(&admin, &name, lease.token()).await);
+    assert!(lease.release().await.unwrap());
+}
+
 pub async fn try_acquire_returns_none_while_the_lock_is_held_and_the_given_connection_stays_usable(
     ctx: Arc<Ctx>,
 ) {

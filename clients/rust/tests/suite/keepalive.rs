@@ -219,3 +219,73 @@ pub async fn a_session_bound_lease_whose_connection_is_terminated_ends_and_is_si
     // The session's end was recorded by the server; no release comes after.
     assert!(!lease.release().await.unwrap());
 }
+
+pub async fn a_renew_held_up_on_the_server_is_given_up_and_retried_and_the_lease_is_not_lost_while_it_is_live(
+    ctx: Arc<Ctx>,
+) {
+    let admin = ctx.admin().await;
+    let name = unique("heldup");
+    // Renews every 500 ms, each given up after 500 ms held up on the server.
+    let locker = Locker::builder(&ctx.dsn).keepalive_interval(ms(500)).build().unwrap();
+    let ttl = secs(4);
+    let lease = locker.acquire(&name).ttl(ttl).await.unwrap();
+    eventually("a first renew", secs(5), || async { lease.status().renewals >= 1 }).await;
+    let kpid = lease.keepalive_backend_pid().unwrap();
+    let expires_at = async || -> String {
+        admin
+            .query_one("SELECT expires_at::text FROM fenced_lock_leases WHERE token = $1", &[&lease.token()])
+            .await
+            .unwrap()
+            .get(0)
+    };
+    // Another session's renew of the lease, left open: it holds up every
+    // renew of the keepalive until that transaction ends.
+    let blocker = ctx.admin().await;
+    let tx = blocker.transaction().await.unwrap();
+    let renewed: bool =
+        tx.query_one("SELECT fenced_lock_renew($1, $2)", &[&name, &lease.token()]).await.unwrap().get(0);
+    assert!(renewed);
+    eventually("the keepalive's renew waits on the server", secs(5), || async {
+        waiting_on_a_lock_since(&admin, kpid).await.is_some()
+    })
+    .await;
+    let renewals = lease.status().renewals;
+    let before = expires_at().await;
+    // Held up for three of its bounds, well inside the 4 s deadline.
+    let mut attempts = std::collections::BTreeSet::new();
+    let until = Instant::now() + ms(1600);
+    while Instant::now() < until {
+        attempts.extend(waiting_on_a_lock_since(&admin, kpid).await);
+        assert!(!lease.is_lost(), "lost while held up: {:?}", lease.status());
+        tokio::time::sleep(ms(50)).await;
+    }
+    let status = lease.status();
+    assert_eq!(status.renewals, renewals, "a renew went through while held up");
+    let error = status.keepalive_error.unwrap_or_default();
+    assert!(error.contains("held up"), "no held-up renew reported: {error:?}");
+    assert!(attempts.len() >= 2, "the held-up renew was not given up and sent again: {attempts:?}");
+    tx.rollback().await.unwrap();
+    let t0 = Instant::now();
+    eventually("a renew once the blocking transaction is gone", secs(3), || async {
+        lease.status().renewals > renewals
+    })
+    .await;
+    println!(
+        "    {} renew attempts held up in 1.6 s (bound 500 ms); renewed {:.0} ms after the blocker's rollback",
+        attempts.len(),
+        t0.elapsed().as_secs_f64() * 1000.0
+    );
+    let status = lease.status();
+    assert_eq!(status.state, LeaseState::Live, "{status:?}");
+    assert!(status.keepalive_error.is_none(), "{status:?}");
+    // Seen from the server: the lease is live, and its expiry moved.
+    assert!(live(&admin, &name, lease.token()).await);
+    let after = expires_at().await;
+    let moved: bool = admin
+        .query_one("SELECT $1::text::timestamptz > $2::text::timestamptz", &[&after, &before])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(moved, "expires_at did not move: {before} -> {after}");
+    assert!(lease.release().await.unwrap());
+}

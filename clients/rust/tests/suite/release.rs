@@ -30,7 +30,10 @@ pub async fn release_stops_the_keepalive_and_its_connection_is_gone_from_the_ser
 pub async fn release_waits_for_a_renew_in_flight_and_is_sent_only_after_it(ctx: Arc<Ctx>) {
     let admin = ctx.admin().await;
     let name = unique("inflight");
-    let locker = Locker::builder(&ctx.dsn).keepalive_interval(ms(300)).build().unwrap();
+    // A renew held up on the server is given up after min(interval, 1 s):
+    // with an interval of 1 s, the renew below is still in flight when the
+    // blocker commits.
+    let locker = Locker::builder(&ctx.dsn).keepalive_interval(secs(1)).build().unwrap();
     let ttl = secs(10);
     let lease = locker.acquire(&name).ttl(ttl).await.unwrap();
     eventually("a first renew", secs(5), || async { lease.status().renewals >= 1 }).await;
@@ -46,20 +49,12 @@ pub async fn release_waits_for_a_renew_in_flight_and_is_sent_only_after_it(ctx: 
         tx.query_one("SELECT fenced_lock_renew($1, $2)", &[&name, &lease.token()]).await.unwrap().get(0);
     assert!(renewed);
     eventually("the keepalive's renew waits on the server", secs(5), || async {
-        admin
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND state = 'active' AND wait_event_type = 'Lock'",
-                &[&kpid],
-            )
-            .await
-            .unwrap()
-            .get::<_, i64>(0)
-            == 1
+        waiting_on_a_lock_since(&admin, kpid).await.is_some()
     })
     .await;
     let release = lease.release();
     tokio::pin!(release);
-    assert!(tokio::time::timeout(ms(800), &mut release).await.is_err(), "release did not wait for the renew");
+    assert!(tokio::time::timeout(ms(300), &mut release).await.is_err(), "release did not wait for the renew");
     // Seen from the server: the release has not been sent.
     let (q, _) = last_statement(&admin, lpid).await;
     assert!(!q.contains("fenced_lock_release"), "release sent while a renew was in flight: {q}");
@@ -85,6 +80,54 @@ pub async fn release_waits_for_a_renew_in_flight_and_is_sent_only_after_it(ctx: 
     assert!(r.get::<_, bool>(1), "the keepalive's renew did not run after the blocking renew committed");
     assert!(r.get::<_, bool>(2), "the release ran before the last renew");
     assert!(!backend_exists(&admin, kpid).await, "keepalive connection still open after release");
+}
+
+pub async fn a_release_in_the_holders_own_transaction_that_proclaimed_waits_for_the_held_up_renew_only_about_its_bound(
+    ctx: Arc<Ctx>,
+) {
+    ctx.at_least((0, 3, 0), "fenced_lock_proclaim");
+    let admin = ctx.admin().await;
+    let name = unique("proclaimed");
+    // A renew held up on the server is given up after min(interval, 1 s).
+    let locker = Locker::builder(&ctx.dsn).keepalive_interval(ms(300)).build().unwrap();
+    let ttl = secs(20);
+    let lease = locker.acquire(&name).ttl(ttl).await.unwrap();
+    eventually("a first renew", secs(5), || async { lease.status().renewals >= 1 }).await;
+    let kpid = lease.keepalive_backend_pid().unwrap();
+    // A leader proclaims, and releases before it commits: its own open
+    // transaction holds up the keepalive's renew, and the release waits for
+    // that renew.
+    let tx = lease.transaction().await.unwrap();
+    let proclaimed: bool = tx
+        .query_one("SELECT fenced_lock_proclaim($1, $2, 'leader at 10.0.0.7')", &[&name, &lease.token()])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(proclaimed);
+    eventually("the keepalive's renew waits for the holder's transaction", secs(5), || async {
+        waiting_on_a_lock_since(&admin, kpid).await.is_some()
+    })
+    .await;
+    let t0 = Instant::now();
+    let released = tokio::time::timeout(secs(10), lease.release())
+        .await
+        .expect("the release waited for the held-up renew as if until the deadline")
+        .unwrap();
+    let took = t0.elapsed();
+    println!(
+        "    release in the proclaiming transaction returned after {:.0} ms (renew bound 300 ms, ttl 20 s)",
+        took.as_secs_f64() * 1000.0
+    );
+    assert!(released);
+    assert!(took < secs(5), "release took {took:?}: bounded by the renew's 300 ms, not the 20 s deadline");
+    assert!(!lease.is_lost(), "{:?}", lease.status());
+    assert!(!backend_exists(&admin, kpid).await, "keepalive connection still open after release");
+    assert!(live(&admin, &name, lease.token()).await, "the release took effect before the commit");
+    tx.commit().await.unwrap();
+    assert_eq!(ended_by(&admin, lease.token()).await.as_deref(), Some("release"));
+    let leaders: i64 =
+        admin.query_one("SELECT count(*) FROM fenced_lock_leader($1)", &[&name]).await.unwrap().get(0);
+    assert_eq!(leaders, 0, "a leader is still proclaimed after the release committed");
 }
 
 pub async fn releasing_twice_sends_one_release_and_the_second_returns_false_without_a_round_trip(

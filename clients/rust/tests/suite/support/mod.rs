@@ -351,6 +351,19 @@ pub async fn backend_exists(c: &Connection, pid: i32) -> bool {
         > 0
 }
 
+/// When the statement backend `pid` runs started, while it waits for a
+/// heavyweight lock (a renew held up by another open change of the lease).
+pub async fn waiting_on_a_lock_since(c: &Connection, pid: i32) -> Option<String> {
+    c.query_opt(
+        "SELECT query_start::text FROM pg_stat_activity \
+         WHERE pid = $1 AND state = 'active' AND wait_event_type = 'Lock'",
+        &[&pid],
+    )
+    .await
+    .unwrap()
+    .map(|r| r.get(0))
+}
+
 /// The text of the last statement of backend `pid`, and when it started.
 pub async fn last_statement(c: &Connection, pid: i32) -> (String, String) {
     let r = c
