@@ -180,6 +180,40 @@ mod docs_tests {
             at = next.1.clone();
         }
     }
+
+    /// Each client library's version follows the extension's (clients/README.md).
+    #[test]
+    fn client_libraries_carry_the_extension_version() {
+        let version = env!("CARGO_PKG_VERSION");
+        for (file, text, line) in [
+            (
+                "clients/python/pyproject.toml",
+                include_str!("../clients/python/pyproject.toml"),
+                format!("version = \"{version}\""),
+            ),
+            (
+                "clients/rust/Cargo.toml",
+                include_str!("../clients/rust/Cargo.toml"),
+                format!("version = \"{version}\""),
+            ),
+            ("clients/java/build.sh", include_str!("../clients/java/build.sh"), format!("VERSION={version}")),
+            (
+                "clients/go/locker.go",
+                include_str!("../clients/go/locker.go"),
+                format!("const Version = \"{version}\""),
+            ),
+            (
+                "clients/node/package.json",
+                include_str!("../clients/node/package.json"),
+                format!("\"version\": \"{version}\""),
+            ),
+        ] {
+            assert!(
+                text.lines().any(|l| l.trim() == line || l.trim() == format!("{line},")),
+                "{file} does not say {line}"
+            );
+        }
+    }
 }
 
 #[cfg(any(test, feature = "pg_test"))]

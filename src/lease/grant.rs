@@ -90,10 +90,17 @@ impl Drop for NameLock {
     }
 }
 
-/// The records of `name` as a grant counts them at `now`: one per lease.
-fn judged(name: &str, now: i64) -> Result<Vec<(Lease, Status)>, FlError> {
+/// The records of `name` as a grant counts them: one per lease, judged at
+/// the instant returned with them, read after the records. Reading the
+/// clock after the scan keeps a grant's `acquired_at` later than the end of
+/// every lease the scan found ended: a release committing between an
+/// earlier clock reading and the scan would otherwise end after the grant
+/// that replaced it began, on the history's clock.
+fn judged(name: &str) -> Result<(Vec<(Lease, Status)>, i64), FlError> {
+    let records = records_of_under_name_lock(name, Visibility::WithInProgress)?;
+    let now = now();
     let mut out: Vec<(Lease, Status)> = Vec::new();
-    for seen in records_of_under_name_lock(name, Visibility::WithInProgress)? {
+    for seen in records {
         let status = judge(state_of(&seen.lease, now), seen.in_progress);
         // An update in flight (a renew) shows both versions: one lease, held.
         match out.iter_mut().find(|(l, _)| l.token == seen.lease.token) {
@@ -105,7 +112,7 @@ fn judged(name: &str, now: i64) -> Result<Vec<(Lease, Status)>, FlError> {
             None => out.push((seen.lease, status)),
         }
     }
-    Ok(out)
+    Ok((out, now))
 }
 
 /// One attempt to acquire, without waiting for anything but the name lock
@@ -117,8 +124,7 @@ fn judged(name: &str, now: i64) -> Result<Vec<(Lease, Status)>, FlError> {
 pub fn attempt_acquire(function: &str, req: &AcquireRequest) -> Result<Attempt, FlError> {
     crate::store::check_catalog_writable()?;
     let name_lock = NameLock::take(req.name);
-    let now = now();
-    let records = judged(req.name, now)?;
+    let (records, now) = judged(req.name)?;
     let refs: Vec<(&Lease, Status)> = records.iter().map(|(l, s)| (l, *s)).collect();
     let asks_again = |l: &Lease| {
         let same = if l.session_bound {
