@@ -830,10 +830,10 @@ def race(cluster, app, renewers, probes, bound_s):
 # race showed within a second for the first two, within seconds for the third,
 # before the fix)
 KEEPALIVES = {
-    "renew": ("SELECT fenced_lock_renew(%(name)s, %(token)s, '5 min') = %(true)s", 8),
-    "renew_all": ("SELECT fenced_lock_renew_all(%(holder)s, '5 min') = 1", 8),
+    "renew": ("SELECT fenced_lock_renew(%(name)s, %(token)s, '5 min') = %(true)s", 5),
+    "renew_all": ("SELECT fenced_lock_renew_all(%(holder)s, '5 min') = 1", 5),
     "same_holder_reacquire": ("SELECT fenced_lock_try_acquire(%(name)s, '5 min', %(holder)s, permits => 100) "
-                              "= %(token)s", 20),
+                              "= %(token)s", 8),
 }
 
 
@@ -887,7 +887,7 @@ def test_an_exclusive_lease_being_renewed_is_never_granted_to_another_holder(clu
             return (got, live)
         return None
 
-    wrong, renews, tries, took = race(cluster, app, [(name, token)] * 2, [contender, contender], 30)
+    wrong, renews, tries, took = race(cluster, app, [(name, token)] * 2, [contender, contender], 8)
     print(f"exclusive lease renewed {renews} times while {tries} tries ran for {took:.1f} s; "
           f"second holders: {wrong}")
     assert release(mon, name, token) is True
@@ -915,7 +915,7 @@ def test_a_lease_being_renewed_is_never_refused_by_the_guard_assert_or_validate(
         code = sqlstate(c, "SELECT fenced_lock_assert(%s, %s)", (name, token))
         return None if code is None else ("assert", code)
 
-    wrong, renews, probes, took = race(cluster, app, [(name, token)] * 2, [writer, writer], 40)
+    wrong, renews, probes, took = race(cluster, app, [(name, token)] * 2, [writer, writer], 10)
     print(f"lease renewed {renews} times while {probes} write/validate/assert rounds ran for {took:.1f} s; "
           f"wrong answers: {wrong}")
     assert one(mon, "SELECT fenced_lock_validate(%s, %s)", (name, token)) is True
