@@ -76,8 +76,10 @@ test-regress:
 test-isolation:
 	$(WITH_PG) bash scripts/test-isolation.sh
 
+# Two workers, a test module each at a time (most tests wait on timers and
+# other sessions; the conftest gives each worker its own clusters).
 test-integration:
-	$(WITH_PG) $(PYTEST) tests/integration
+	$(WITH_PG) $(PYTEST) -n 2 --dist loadfile tests/integration
 
 test-faults:
 	$(WITH_PG) $(PYTEST) tests/faults

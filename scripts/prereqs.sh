@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo
           python3-psycopg python3-pytest pgbouncer redis-server etcd-server etcd-client patroni
           faketime procps python3-redis python3-matplotlib valgrind linux-perf iptables iproute2
+          python3-pytest-xdist
           protobuf-compiler)  # protoc: etcd-client (bench/client) compiles etcd's .proto files
 missing=()
 for p in "${packages[@]}"; do

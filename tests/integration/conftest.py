@@ -35,8 +35,13 @@ from harness.cluster import Cluster
 
 import it_support
 
-MAIN_PORT = int(os.environ.get("FL_IT_PORT", "5500"))
-PRELOAD_PORT = int(os.environ.get("FL_IT_PRELOAD_PORT", "5502"))
+# Under pytest-xdist (`make test-integration` runs two workers, a module
+# each at a time) every worker gets clusters of its own: gw0 5503/5504, gw1
+# 5505/5506, gw2 5507/5508.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+_BASE = 5503 + 2 * int(_WORKER[2:]) if _WORKER.startswith("gw") else None
+MAIN_PORT = int(os.environ.get("FL_IT_PORT") or _BASE or 5500)
+PRELOAD_PORT = int(os.environ.get("FL_IT_PRELOAD_PORT") or (_BASE and _BASE + 1) or 5502)
 TEST_BUDGET_S = 120
 
 
