@@ -482,11 +482,18 @@ fn keep_alive(sh: Arc<Shared>, stop: mpsc::Receiver<()>) -> Res<()> {
         for slot in &sh.leases {
             let s = *slot.lock().unwrap();
             if s.lease != 0 && !s.paused {
-                let (mut keeper, mut stream) = rt.block_on(client.lease_keep_alive(s.lease))?;
-                rt.block_on(async {
+                let kept = rt.block_on(async {
+                    let (mut keeper, mut stream) = client.lease_keep_alive(s.lease).await?;
                     keeper.keep_alive().await?;
                     stream.message().await
-                })?;
+                });
+                match kept {
+                    Ok(_) => {}
+                    // The lease ran out before this round reached it (a pause
+                    // just ended): its worker takes a new one at its next lock.
+                    Err(e) if e.to_string().contains("lease not found") => {}
+                    Err(e) => return Err(e.into()),
+                }
             }
         }
     }
