@@ -13,7 +13,7 @@
 #   make ci                what CI runs: all of the above (test-beside beside test-all-majors)
 #   make test-clients      the client libraries' suites and conformance examples (clients/README.md)
 #   make package-clients   a package of each client library (target/packages/clients/)
-#   make bench             fenced_lock beside its baselines and peers, with the speed targets (bench/README.md; ~35 min)
+#   make bench             fenced_lock beside its baselines and peers, with the speed targets (bench/README.md; ~30 min)
 # Run as root on Debian bookworm (scripts/prereqs.sh installs what is missing).
 
 PG        ?= 15
