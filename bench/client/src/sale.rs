@@ -376,7 +376,7 @@ impl Worker {
                         Ok(r) => break r.key().to_vec(),
                         // The lease ran out (a pause outlasted it): a new one, as a
                         // concurrency.Session would after losing its lease.
-                        Err(e) if e.to_string().contains("lease not found") => {
+                        Err(e) if lease_ran_out(&e) => {
                             let id =
                                 rt.block_on(client.lease_grant(etcd_ttl(self.sh.cfg.ttl_ms), None))?.id();
                             self.sh.leases[self.id].lock().unwrap().lease = id;
@@ -408,6 +408,11 @@ impl Worker {
 }
 
 /// etcd leases are whole seconds.
+/// etcd's answer for a lease that ran out (a pause outlasted it).
+fn lease_ran_out(e: &etcd_client::Error) -> bool {
+    e.to_string().contains("lease not found")
+}
+
 fn etcd_ttl(ttl_ms: u64) -> i64 {
     ttl_ms.div_ceil(1000).max(1) as i64
 }
@@ -491,7 +496,7 @@ fn keep_alive(sh: Arc<Shared>, stop: mpsc::Receiver<()>) -> Res<()> {
                     Ok(_) => {}
                     // The lease ran out before this round reached it (a pause
                     // just ended): its worker takes a new one at its next lock.
-                    Err(e) if e.to_string().contains("lease not found") => {}
+                    Err(e) if lease_ran_out(&e) => {}
                     Err(e) => return Err(e.into()),
                 }
             }
